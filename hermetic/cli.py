@@ -1,0 +1,108 @@
+"""The command line: argument parsing, and exit codes mapped in one place (``main``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .errors import HermeticError
+from .reporter import Reporter
+from .root import Root
+
+DESCRIPTION = """\
+hermetic: hermetic environments for PyTorch CUDA/C++ extension builds and GPU worker measurement.
+
+Everything it writes goes under one scratch root: --root, else $HERMETIC_ROOT, else ./.hermetic
+Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met.
+"""
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
+                   help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="JSON Lines on stdout, ending in one result record; progress on stderr")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="hermetic", description=DESCRIPTION, parents=[common],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hermetic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("realize", parents=[common], help="fetch, materialize and build a recipe")
+    p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/toolchain.toml")
+
+    p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--all", action="store_true", help="remove the whole scratch root")
+    p.add_argument("--drop-root", action="append", default=[], metavar="NAME",
+                   help="forget the root NAME (and its realize receipts) before collecting")
+
+    p = sub.add_parser("verify", parents=[common], help="re-hash the store and report corruption")
+    p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
+
+    sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
+    sub.add_parser("status", parents=[common], help="same as show")
+
+    p = sub.add_parser("export", parents=[common], help="write the closure of the roots to one archive")
+    p.add_argument("archive", type=Path, help="output file (.tar.zst)")
+    p.add_argument("--name", action="append", default=[], metavar="ROOT",
+                   help="export only these roots (default: all)")
+
+    p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
+    p.add_argument("archive", type=Path)
+
+    p = sub.add_parser("env", parents=[common],
+                       help="print a realized recipe's environment, or run a command inside it")
+    p.add_argument("recipe", type=Path)
+    p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `hermetic env RECIPE -- CMD ...`: everything after the first `--` belongs to the command
+    cmd: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, cmd = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    args.cmd = cmd
+    json_mode = bool(getattr(args, "json", False))
+    reporter = Reporter(json_mode=json_mode)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return 2
+    command = "show" if args.command == "status" else args.command
+    try:
+        root = Root.locate(getattr(args, "root", None))
+        from . import commands
+        return int(getattr(commands, f"cmd_{command}")(root, args, reporter))
+    except HermeticError as e:
+        print(e.render(), file=sys.stderr)
+        reporter.result(command, False, e.exit_code, error=e.as_record())
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        reporter.result(command, False, 130, error={"kind": "interrupted"})
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # an internal bug: say so plainly, keep the traceback for the report
+        print(f"internal error: {type(e).__name__}: {e}\n(this is a bug in hermetic; the traceback "
+              f"follows for the report)", file=sys.stderr)
+        traceback.print_exc()
+        reporter.result(command, False, 1, error={"kind": "internal", "what": str(e)})
+        return 1
+    finally:
+        from .store import release_temproots
+        release_temproots()

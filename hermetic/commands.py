@@ -1,0 +1,158 @@
+"""One function per CLI command: parse nothing, print through the reporter, return the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import BadInput, WorkFailed
+from .reporter import Reporter
+from .root import Root
+from .store import Store
+
+
+def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from .inputs import noop_check
+    outcome = noop_check(root, args.recipe)
+    if outcome is None:  # only now pay for importing the pipeline
+        from .realize import realize
+        outcome = realize(root, args.recipe, reporter)
+    c = outcome.counts
+    verb = "realized" if outcome.changed else "up to date:"
+    reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} "
+                           f"({c['wheels']} wheels: {c['fetched']} fetched, {c['unpacked']} unpacked, "
+                           f"{c['reused']} reused; {c['files']} files; {outcome.timings.get('total', 0):.2f} s)")
+    reporter.result("realize", True, 0, recipe=outcome.name, profile=str(outcome.profile),
+                    tree=outcome.tree, changed=outcome.changed, counts=c, timings=outcome.timings,
+                    receipt=str(outcome.receipt) if outcome.receipt else None)
+    return 0
+
+
+def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from . import gc
+    if args.all:
+        if args.dry_run:
+            reporter.event("gc", f"would remove the whole scratch root {root.path}")
+            reporter.result("gc", True, 0, all=True, dry_run=True, root=str(root.path))
+            return 0
+        freed = gc.remove_all(root)
+        reporter.event("gc", f"removed {root.path} ({freed} bytes freed)")
+        reporter.result("gc", True, 0, all=True, freed_bytes=freed)
+        return 0
+    p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
+    verb = "would delete" if args.dry_run else "deleted"
+    for name in p.dead_entries:
+        reporter.event("gc-entry", f"{verb} entry {name}", entry=name)
+    reporter.event("gc", f"{verb} {len(p.dead_entries)} entries and {len(p.dead_blobs)} blobs; "
+                         f"{freed} bytes {'would be ' if args.dry_run else ''}freed; "
+                         f"{len(p.live_entries)} entries live")
+    reporter.result("gc", True, 0, dry_run=args.dry_run, dead_entries=p.dead_entries,
+                    dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries))
+    return 0
+
+
+def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from .verify import drop_corrupt, verify
+    store = Store(root.store)
+    if not store.exists():
+        reporter.event("verify", f"no store at {root.store}: nothing to verify")
+        reporter.result("verify", True, 0, blobs=0, entries=0, problems=[])
+        return 0
+    store.open()
+    report = verify(store, root)
+    for p in report.problems:
+        reporter.event("problem", f"{p.kind} {p.name}: {p.what}", kind=p.kind, name=p.name, what=p.what)
+    if report.problems and args.repair:
+        removed = drop_corrupt(store, report.problems)
+        reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
+        _realize_roots(root, reporter)
+        report = verify(store, root)
+    ok = not report.problems
+    reporter.event("verify", f"{report.blobs} blobs ({report.bytes} bytes), {report.entries} entries: "
+                             + ("all valid" if ok else f"{len(report.problems)} problems"))
+    reporter.result("verify", ok, 0 if ok else 1, blobs=report.blobs, entries=report.entries,
+                    problems=[p.__dict__ for p in report.problems])
+    return 0 if ok else 1
+
+
+def _realize_roots(root: Root, reporter: Reporter) -> None:
+    from .realize import realize
+    for p in sorted(root.roots.glob("*.json")):
+        recipe = Path(json.loads(p.read_text()).get("recipe", ""))
+        if recipe.is_file():
+            realize(root, recipe, reporter)
+        else:
+            reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
+
+
+def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    store = Store(root.store)
+    info: dict[str, object] = {"root": str(root.path), "store": store.exists()}
+    if store.exists():
+        entries = store.iter_entries()
+        blobs = list(store.iter_blobs())
+        size = sum(os.lstat(b).st_size for _d, _x, b in blobs)
+        roots = sorted(p.stem for p in root.roots.glob("*.json"))
+        receipts = sorted(root.receipts.glob("*.json"))[-5:]
+        profiles = {p.name: os.readlink(p) for p in sorted(root.profiles.iterdir()) if p.is_symlink()}
+        info.update(entries=len(entries), blobs=len(blobs), blob_bytes=size, roots=roots,
+                    profiles=profiles, last_receipts=[str(r) for r in receipts])
+        reporter.event("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
+                               f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}\n"
+                               + "".join(f"  profile {k} -> {v}\n" for k, v in profiles.items())
+                               + "".join(f"  receipt {r.name}\n" for r in receipts))
+    else:
+        reporter.event("show", f"scratch root {root.path}: no store yet")
+    reporter.result("show", True, 0, **info)
+    return 0
+
+
+def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from .environment import realized_env
+    env, facts = realized_env(root, args.recipe)
+    cmd = list(args.cmd)
+    if cmd:
+        sys.stdout.flush()
+        try:
+            os.execvpe(cmd[0], cmd, env)
+        except OSError as e:
+            raise BadInput(f"cannot run {cmd[0]}: {e.strerror}", where="hermetic env",
+                           hint="the command is looked up on the realized PATH") from None
+    for k, v in facts.items():
+        reporter.event("env", f"{k}={v}", name=k, value=v)
+    if not reporter.json_mode:
+        for k, v in facts.items():
+            print(f"export {k}={_shell_quote(v)}")
+    reporter.result("env", True, 0, env=facts)
+    return 0
+
+
+def _shell_quote(v: str) -> str:
+    import shlex
+    return shlex.quote(v)
+
+
+def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from .archive import export_closure
+    stats = export_closure(root, args.archive, names=args.name, reporter=reporter)
+    reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "
+                             f"{stats['bytes']} bytes -> {stats['archive_bytes']} compressed")
+    reporter.result("export", True, 0, archive=str(args.archive), **stats)
+    return 0
+
+
+def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from .archive import import_closure
+    stats = import_closure(root, args.archive, reporter=reporter)
+    reporter.event("import", f"imported {stats['entries']} entries and {stats['blobs']} blobs "
+                             f"({stats['new_blobs']} new) from {args.archive}")
+    reporter.result("import", True, 0, archive=str(args.archive), **stats)
+    return 0
+
+
+def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    raise WorkFailed("`hermetic run` is not available in this version yet",
+                     hint="realize the recipes with `hermetic realize`")

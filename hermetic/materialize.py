@@ -1,0 +1,216 @@
+"""Wheels into the store, and store trees onto stable paths.
+
+A wheel is unpacked once, by the ``installer`` library, into blobs (one per file content): its *unpacked
+entry* is the list of (path, blob) pairs. A *tree entry* is the union of such lists (plus symlinks), laid
+out as hard links to the blobs. A file with the same bytes therefore has the same inode and mtime in every
+tree that holds it, across lock updates too: ninja sees unchanged headers as unchanged. A *profile* is a
+symlink ``profiles/<name>`` swapped atomically to the current tree: the stable path users build against.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from . import fs
+from .errors import BadInput
+from .store import Store, entry_name
+
+UNPACKER_VERSION = 1
+TREE_VERSION = 1
+_VBASE = "/hermetic-target"
+# Entry-point launchers find python3 on PATH (``hermetic env`` puts the recipe's interpreter first), so an
+# unpacked wheel does not depend on one interpreter and moves between machines with ``hermetic export``.
+SCRIPT_INTERPRETER = "/usr/bin/env python3"
+
+FileMap = dict[str, tuple[str, bool]]  # relative path -> (sha256, executable)
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    entry: str
+    wheel_sha256: str
+    files: FileMap
+
+
+def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
+    key = fs.sha256_bytes(f"unpacked-v{UNPACKER_VERSION}\0{wheel_sha256}".encode())
+    return entry_name(key, label)
+
+
+def load_unpacked(store: Store, name: str) -> Unpacked:
+    meta = store.entry_meta(name)
+    files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+    return Unpacked(name, meta["wheel"], files)
+
+
+def unpack_wheel(store: Store, wheel_path: Path, wheel_sha256: str, *, label: str, where: str) -> Unpacked:
+    """Validate a wheel's RECORD and unpack it into blobs through installer; build once per wheel."""
+    from installer import install
+    from installer.exceptions import InstallerError
+    from installer.sources import WheelFile
+
+    name = unpacked_entry_name(wheel_sha256, label)
+    with store.build_entry(name) as staging:
+        if staging is None:
+            return load_unpacked(store, name)
+        dest = _BlobDestination(store)
+        try:
+            with WheelFile.open(wheel_path) as source:
+                source.validate_record(validate_contents=True)
+                install(source, dest, {"INSTALLER": b"hermetic\n"})
+        except (InstallerError, ValueError, zipfile.BadZipFile, KeyError) as e:
+            raise BadInput(f"wheel {wheel_path.name} is invalid: {_installer_message(e)}", where=where,
+                           hint="the wheel is damaged or hostile; check the lock's hash and the index") from None
+        staging.meta.update({"kind": "unpacked", "wheel": wheel_sha256, "filename": wheel_path.name,
+                             "files": {p: [d, x] for p, (d, x) in sorted(dest.files.items())},
+                             "refs": [f"blob:{wheel_sha256}"]})
+    return load_unpacked(store, name)
+
+
+def _installer_message(e: Exception) -> str:
+    issues = getattr(e, "issues", None)
+    if issues:
+        shown = "; ".join(str(i) for i in list(issues)[:3])
+        return f"RECORD does not match the wheel's contents ({shown})"
+    return str(e) or type(e).__name__
+
+
+def _record_hash(digest: str) -> str:
+    return base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
+
+
+def _make_destination_class() -> type:
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.records import Hash, RecordEntry
+    from installer.scripts import Script
+
+    class BlobDestination(SchemeDictionaryDestination):  # type: ignore[misc]
+        """installer's own scheme mapping and path-traversal guard, with blobs for bytes."""
+
+        def __init__(self, store: Store) -> None:
+            super().__init__(
+                scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
+                             "scripts": f"{_VBASE}/bin", "data": _VBASE},
+                interpreter=SCRIPT_INTERPRETER, script_kind="posix")
+            self.store = store
+            self.files: FileMap = {}
+
+        def write_to_fs(self, scheme: str, path: str, stream: BinaryIO, is_executable: bool) -> object:
+            target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
+            rel = target.relative_to(_VBASE).as_posix()
+            _check_relpath(rel)
+            if rel in self.files:
+                raise ValueError(f"the wheel writes {rel} twice")
+            digest, size = self.store.put_blob_stream(stream, is_executable)
+            self.files[rel] = (digest, is_executable)
+            return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
+
+        def write_script(self, name: str, module: str, attr: str, section: str) -> object:
+            script_name, data = Script(name, module, attr, section).generate(self.interpreter,
+                                                                                self.script_kind)
+            return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
+
+    return BlobDestination
+
+
+_dest_class: type | None = None
+
+
+def _BlobDestination(store: Store) -> object:  # noqa: N802 - reads as the class it builds lazily
+    global _dest_class
+    if _dest_class is None:
+        _dest_class = _make_destination_class()
+    return _dest_class(store)
+
+
+def _check_relpath(rel: str) -> None:
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise ValueError(f"unsafe path {rel!r} in the wheel")
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        raise ValueError(f"control character in path {rel!r}")
+
+
+def _check_link_target(rel: str, target: str) -> None:
+    depth = rel.count("/")
+    parts = target.split("/")
+    if target.startswith("/") or parts.count("..") > depth or any(ord(c) < 32 for c in target):
+        raise ValueError(f"symlink {rel} -> {target} leaves the tree")
+
+
+# trees ---------------------------------------------------------------------------------------------
+def merge_files(parts: Iterable[tuple[str, FileMap]]) -> FileMap:
+    """Union of file maps; two sources writing different bytes to one path is an error, not a race."""
+    merged: FileMap = {}
+    owner: dict[str, str] = {}
+    for label, files in parts:
+        for rel, spec in files.items():
+            if rel in merged and merged[rel] != spec:
+                raise BadInput(f"{label} and {owner[rel]} both provide {rel} with different contents",
+                               hint="remove one of them from the lock")
+            merged[rel] = spec
+            owner[rel] = label
+    return merged
+
+
+def tree_entry_name(label: str, files: FileMap, links: Mapping[str, str]) -> str:
+    spec = {"v": TREE_VERSION, "files": {p: [d, x] for p, (d, x) in sorted(files.items())},
+            "links": dict(sorted(links.items()))}
+    return entry_name(fs.sha256_bytes(fs.canonical_json(spec)), label)
+
+
+def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str] | None = None,
+               refs: Iterable[str] = ()) -> tuple[str, bool]:
+    """Lay out a tree of hard links to blobs; content-addressed, so an unchanged tree is reused as is.
+
+    Returns (entry name, built now).
+    """
+    links = dict(links or {})
+    name = tree_entry_name(label, files, links)
+    with store.build_entry(name) as staging:
+        if staging is None:
+            return name, False
+        out = staging.out
+        out.mkdir()
+        made: set[str] = {""}
+        for rel in sorted(files):
+            _check_relpath(rel)  # records may come from an imported archive: never trust a path
+            digest, executable = files[rel]
+            parent = rel.rpartition("/")[0]
+            if parent not in made:
+                os.makedirs(out / parent, exist_ok=True)
+                made.add(parent)
+            fs.link_or_copy(store.blob_path(digest, executable), out / rel)
+        for rel, target in sorted(links.items()):
+            _check_relpath(rel)
+            _check_link_target(rel, target)
+            dst = out / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if dst.exists() or dst.is_symlink():
+                dst.unlink()
+            os.symlink(target, dst)
+        staging.meta.update({"kind": "tree", "label": label,
+                             "files": {p: [d, x] for p, (d, x) in sorted(files.items())},
+                             "links": dict(sorted(links.items())), "refs": sorted(set(refs))})
+    return name, True
+
+
+def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:
+    """Point ``profiles/<name>`` at an entry's out/ atomically; unchanged when it already does."""
+    profiles.mkdir(parents=True, exist_ok=True)
+    link = profiles / name
+    target = os.path.relpath(store.entry_path(entry) / "out", profiles)
+    if link.is_symlink() and os.readlink(link) == target:
+        return link
+    tmp = profiles / f".{name}.{os.getpid()}.tmp"
+    if tmp.is_symlink():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    return link

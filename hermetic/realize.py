@@ -1,0 +1,195 @@
+"""realize: qualify, fetch, materialize, toolchain, (sources, build, check), receipt.
+
+Each step is one function below; ``realize`` reads as the list. A realize whose inputs have not changed
+fetches nothing, writes nothing in the store and imports neither requests nor torch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import __version__, fs
+from .errors import BadInput
+from .lockfiles import Lock, LockedWheel, read_lock
+from .materialize import Unpacked, build_tree, load_unpacked, merge_files, set_profile, unpack_wheel, \
+    unpacked_entry_name
+from .recipe import Recipe, load_recipe
+from .reporter import Reporter
+from .root import Root
+from .inputs import Outcome, noop_check, record_inputs
+from .store import Store
+from .toolchain import toolchain_links
+
+
+def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    unchanged = noop_check(root, recipe_path)                    # 0. nothing changed since last time?
+    if unchanged is not None:
+        unchanged.timings["total"] = round(time.monotonic() - started, 4)
+        return unchanged
+
+    def lap(step: str, t: float) -> float:
+        now = time.monotonic()
+        timings[step] = round(now - t, 4)
+        return now
+
+    t = started
+    recipe = load_recipe(recipe_path)                            # 1. validate
+    root.ensure()
+    store = Store(root.store).open()
+    locks = [read_lock(p) for p in recipe.locks]                 # 2. qualify (tags and markers)
+    t = lap("qualify", t)
+    counts = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
+    unpacked = fetch_and_unpack(root, store, locks, reporter, counts)   # 3. fetch
+    t = lap("fetch", t)
+    files = merge_files((u.entry, u.files) for u in unpacked)    # 4. materialize (+5. toolchain links)
+    links = toolchain_links(recipe.toolchain, files) if recipe.toolchain else {}
+    tree, built = build_tree(store, recipe.name, files, links, refs=[f"entry:{u.entry}" for u in unpacked])
+    profile = set_profile(root.profiles, recipe.name, store, tree)
+    t = lap("materialize", t)
+    counts["files"] = len(files)
+    entries = sorted({tree, *(u.entry for u in unpacked)})
+    outcome = Outcome(recipe.name, recipe.path, profile, tree, entries, counts, timings,
+                      changed=built or counts["fetched"] > 0 or counts["unpacked"] > 0)
+    root_changed = write_root(root, recipe, entries)             # 9. receipt and gc root
+    outcome.changed |= root_changed
+    if outcome.changed:
+        outcome.receipt = write_receipt(root, outcome, locks, unpacked, started)
+    else:
+        outcome.receipt = latest_receipt(root, recipe.name)
+    record_inputs(root, recipe.path, list(recipe.locks), outcome)
+    lap("receipt", t)
+    timings["total"] = round(time.monotonic() - started, 4)
+    return outcome
+
+
+def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
+                     counts: dict[str, int]) -> list[Unpacked]:
+    wheels = _unique_wheels(locks)
+    out: list[Unpacked] = []
+    todo: list[LockedWheel] = []
+    for w in wheels:
+        found = _existing_unpacked(store, w)
+        if found is not None:
+            out.append(found)
+            counts["reused"] += 1
+        else:
+            todo.append(w)
+    counts["wheels"] = len(wheels)
+    fetcher = None
+    for w in todo:
+        blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
+        if blob is None:
+            if fetcher is None:  # requests and pip's configuration are loaded only when needed
+                from .fetch import Fetcher
+                from .pipconfig import load_pip_config
+                fetcher = Fetcher(load_pip_config(), store.tmp, reporter)
+            got = fetcher.fetch(w)
+            store.temproots.add(f"blob:{got.sha256}")
+            blob = store.put_blob_file(got.path, got.sha256)
+            filename = got.filename
+            counts["fetched"] += 1
+            counts["fetched_bytes"] += got.size
+            reporter.event("fetched", f"fetched {filename} ({got.size} bytes)", wheel=filename,
+                           sha256=got.sha256, bytes=got.size)
+        else:
+            filename = w.filename or _filename_from_wheel(w, blob)
+        sha = blob.name
+        store.temproots.add(f"blob:{sha}")
+        out.append(_unpack_blob(store, blob, sha, filename, w.name, w.where))
+        counts["unpacked"] += 1
+        reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
+    return sorted(out, key=lambda u: u.entry)
+
+
+def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
+    seen: dict[str, LockedWheel] = {}
+    for lock in locks:
+        for w in lock.wheels:
+            if w.name in seen and set(seen[w.name].hashes) != set(w.hashes):
+                raise BadInput(f"{w.name} is locked twice with different hashes",
+                               where=w.where, hint=f"see also {seen[w.name].where}; keep one pin")
+            seen[w.name] = w
+    return [seen[k] for k in sorted(seen)]
+
+
+def _existing_unpacked(store: Store, w: LockedWheel) -> Unpacked | None:
+    """A wheel already unpacked under any of its locked hashes needs no fetch, not even its file."""
+    for h in w.hashes:
+        name = unpacked_entry_name(h, w.name)
+        if store.use(name):
+            return load_unpacked(store, name)
+    return None
+
+
+def _filename_from_wheel(w: LockedWheel, blob: Path) -> str:
+    """Rebuild a stored wheel's file name from its own dist-info (the store names blobs by hash)."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(blob) as zf:
+            wheel_meta = next(n for n in zf.namelist() if n.count("/") == 1
+                              and n.endswith(".dist-info/WHEEL"))
+            tag = next(line.split(":", 1)[1].strip() for line in zf.read(wheel_meta).decode().splitlines()
+                       if line.startswith("Tag:"))
+    except (zipfile.BadZipFile, StopIteration, OSError, UnicodeDecodeError):
+        raise BadInput(f"the stored wheel for {w.name} has no readable WHEEL tag", where=w.where,
+                       hint="run `hermetic verify --repair`") from None
+    return f"{wheel_meta.split('/')[0][: -len('.dist-info')]}-{tag}.whl"
+
+
+def _unpack_blob(store: Store, blob: Path, sha: str, filename: str, label: str, where: str) -> Unpacked:
+    # installer reads the distribution's name from the file name, so give the blob its name via a link
+    work = store.tmp / f"wheel-{os.getpid()}-{sha[:16]}"
+    work.mkdir(parents=True, exist_ok=True)
+    named = work / filename
+    try:
+        if not named.is_symlink():
+            os.symlink(blob, named)
+        return unpack_wheel(store, named, sha, label=label, where=where)
+    finally:
+        fs.remove_tree(work)
+
+
+def write_root(root: Root, recipe: Recipe, entries: list[str]) -> bool:
+    """The gc root of a recipe: rewritten only when its entries change."""
+    record = {"format": 1, "name": recipe.name, "recipe": str(recipe.path),
+              "profile": recipe.name, "refs": [f"entry:{e}" for e in entries]}
+    path = root.roots / f"{recipe.name}.json"
+    data = fs.canonical_json(record)
+    if path.exists() and path.read_bytes() == data:
+        return False
+    fs.atomic_write(path, data)
+    return True
+
+
+def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: list[Unpacked],
+                  started: float) -> Path:
+    import platform
+    import sys
+    body: dict[str, Any] = {
+        "format": 1, "kind": "realize", "hermetic": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": {"name": outcome.name, "path": str(outcome.recipe_path),
+                   "sha256": fs.sha256_file(outcome.recipe_path)[0]},
+        "locks": [{"path": str(lk.path), "sha256": lk.sha256, "format": lk.format} for lk in locks],
+        "host": {"python": platform.python_version(), "executable": sys.executable,
+                 "platform": platform.platform()},
+        "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
+        "tree": outcome.tree, "profile": str(outcome.profile),
+        "refs": [f"entry:{e}" for e in outcome.entries],
+        "counts": outcome.counts, "timings": outcome.timings,
+    }
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    digest = fs.sha256_bytes(fs.canonical_json(body))[:12]
+    path = root.receipts / f"{outcome.name}-{stamp}-{digest}.json"
+    fs.atomic_write_json(path, body)
+    return path
+
+
+def latest_receipt(root: Root, name: str) -> Path | None:
+    found = sorted(root.receipts.glob(f"{name}-*.json")) if root.receipts.exists() else []
+    return found[-1] if found else None
