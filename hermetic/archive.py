@@ -91,7 +91,10 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as raw:
-            cctx = zstandard.ZstdCompressor(level=level, threads=-1, write_checksum=True)
+            # long-distance matching finds the repeats between nvcc's, cicc's and libnvvm's binaries
+            params = zstandard.ZstdCompressionParameters.from_level(
+                level, enable_ldm=True, window_log=27, threads=-1, write_checksum=True)
+            cctx = zstandard.ZstdCompressor(compression_params=params)
             with cctx.stream_writer(raw, closefd=False) as zw, \
                     tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 _add_bytes(tar, "MANIFEST.json", fs.canonical_json(manifest))
@@ -135,7 +138,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter) -> dict[str
     staging.mkdir(parents=True)
     try:
         with open(archive, "rb") as raw:
-            dctx = zstandard.ZstdDecompressor()
+            dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)
             with dctx.stream_reader(raw) as zr:
                 manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
         _check_hosts(metas, archive)
