@@ -72,5 +72,8 @@ def noop_check(root: Root, recipe_path: Path) -> Outcome | None:
     if not (root.roots / f"{state['name']}.json").exists():
         return None
     receipt = Path(state["receipt"]) if state.get("receipt") else None
+    wheels = int(state["counts"].get("wheels", 0))
+    counts = {"wheels": wheels, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": wheels,
+              "files": int(state["counts"].get("files", 0))}
     return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], state["entries"],
-                   dict(state["counts"]), {}, receipt, changed=False)
+                   counts, {}, receipt, changed=False)

@@ -1,0 +1,164 @@
+"""realize of lock-only recipes: fetch, materialize, no-op, lock updates, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.conftest import Hermetic, make_pkg, pip_lock_line, store_listing, tree_snapshot, write_recipe
+from tests.support.index import LoopbackIndex, dead_url
+from tests.support.wheels import build_wheel
+
+
+def test_realize_then_noop_touches_nothing_and_asks_no_index(tmp_path: Path, hermetic: Hermetic,
+                                                              index: LoopbackIndex) -> None:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    b = make_pkg(tmp_path / "whl", "beta", "2.0")
+    index.add(a.path, b.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a) + pip_lock_line(b))
+    first = hermetic("realize", recipe, "--json", check=True)
+    result = json.loads(first.out.splitlines()[-1])
+    assert result["counts"]["fetched"] == 2 and result["changed"] is True
+    profile = hermetic.root / "profiles" / "env1"
+    assert (profile / "alpha" / "include" / "h3.h").read_text().startswith("#define H3 3")
+    assert os.access(profile / "beta" / "bin" / "tool", os.X_OK)
+    before = tree_snapshot(profile)
+    store_before = store_listing(hermetic.root)
+    served = len(index.state.requests)
+
+    again = hermetic("realize", recipe, "--json", env={"PIP_INDEX_URL": dead_url()}, check=True)
+    result = json.loads(again.out.splitlines()[-1])
+    assert result["changed"] is False and result["counts"]["fetched"] == 0
+    assert len(index.state.requests) == served
+    assert tree_snapshot(profile) == before
+    assert store_listing(hermetic.root) == store_before
+
+
+def test_noop_imports_no_heavy_module(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    res = hermetic("realize", recipe, env={"PYTHONPROFILEIMPORTTIME": "1"}, check=True)
+    imported = {line.split("|")[-1].strip() for line in res.err.splitlines() if "import time" in line}
+    for heavy in ("requests", "installer", "packaging.markers", "torch", "hermetic.lockfiles"):
+        assert heavy not in imported, heavy
+
+
+def test_lock_update_rewrites_only_changed_files(tmp_path: Path, hermetic: Hermetic,
+                                                 index: LoopbackIndex) -> None:
+    v1 = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    v2 = make_pkg(tmp_path / "whl", "alpha", "1.1")
+    index.add(v1.path, v2.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(v1))
+    hermetic("realize", recipe, check=True)
+    profile = hermetic.root / "profiles" / "env1"
+    before = tree_snapshot(profile)
+    (tmp_path / "r" / "env1.lock.txt").write_text(pip_lock_line(v2))
+    hermetic("realize", recipe, check=True)
+    after = tree_snapshot(profile)
+    unchanged = [p for p in before if p in after and before[p][2] == after[p][2]]
+    assert len(unchanged) >= 31  # 30 headers and the tool script
+    for p in unchanged:
+        assert after[p][:2] == before[p][:2], f"{p} was rewritten"
+    assert after["alpha/__init__.py"][2] != before["alpha/__init__.py"][2]
+    assert "alpha/only_1_0.py" not in after and "alpha/only_1_1.py" in after
+
+
+def _assert_clean_failure(res: object, code: int, *needles: str) -> None:
+    assert res.rc == code, (res.rc, res.err)  # type: ignore[attr-defined]
+    assert "Traceback" not in res.err  # type: ignore[attr-defined]
+    for n in needles:
+        assert n in res.err, (n, res.err)  # type: ignore[attr-defined]
+
+
+def test_hash_mismatch_is_bad_input_and_store_unchanged(tmp_path: Path, hermetic: Hermetic,
+                                                        index: LoopbackIndex) -> None:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    good = write_recipe(tmp_path / "g", "good", pip_lock_line(make_pkg(tmp_path / "w2", "beta", "1.0")))
+    index.add(tmp_path / "w2" / "beta-1.0-py3-none-any.whl")
+    hermetic("realize", good, check=True)
+    before = store_listing(hermetic.root)
+    recipe = write_recipe(tmp_path / "r", "bad", f"alpha==1.0 --hash=sha256:{'0' * 64}\n")
+    res = hermetic("realize", recipe)
+    _assert_clean_failure(res, 2, "bad.lock.txt")
+    assert store_listing(hermetic.root) == before
+    assert not any((hermetic.root / "store" / "tmp").iterdir())
+
+
+def test_record_mismatch_and_path_escape_are_refused(tmp_path: Path, hermetic: Hermetic,
+                                                     index: LoopbackIndex) -> None:
+    liar = build_wheel(tmp_path / "whl", "liar", "1.0", {"liar/x.py": "A = 1\n"},
+                       record_override={"liar/x.py": "sha256=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"})
+    esc = build_wheel(tmp_path / "whl", "esc", "1.0", {"../escape.py": "A = 1\n"})
+    absw = build_wheel(tmp_path / "whl", "absw", "1.0", {"/tmp/hermetic-abs-escape.py": "A = 1\n"})
+    index.add(liar.path, esc.path, absw.path)
+    for w in (liar, esc, absw):
+        recipe = write_recipe(tmp_path / w.name, w.name, pip_lock_line(w))
+        before = store_listing(hermetic.root)
+        res = hermetic("realize", recipe)
+        _assert_clean_failure(res, 2, w.filename)
+        assert not any(k.startswith("entries/") for k in set(store_listing(hermetic.root)) - set(before))
+    assert not (tmp_path / "escape.py").exists() and not Path("/tmp/hermetic-abs-escape.py").exists()
+
+
+def test_bad_toml_and_recipe_keys(tmp_path: Path, hermetic: Hermetic) -> None:
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "x.lock.txt").write_text("")
+    cases = {
+        "syntax": ('[recipe]\nname = "x"\nlocks = ["x.lock.txt"\n', ":3"),
+        "unknown": ('[recipe]\nname = "x"\nlocks = ["x.lock.txt"]\ncolour = "red"\n', "colour"),
+        "wrongtype": ('[recipe]\nname = 5\nlocks = ["x.lock.txt"]\n', "recipe.name"),
+        "missing": ('[recipe]\nname = "x"\nlocks = ["nope.txt"]\n', "nope.txt"),
+    }
+    for label, (text, needle) in cases.items():
+        recipe = folder / f"{label}.toml"
+        recipe.write_text(text)
+        res = hermetic("realize", recipe)
+        _assert_clean_failure(res, 2, f"{label}.toml", needle)
+    assert not (hermetic.root / "store").exists() or not any((hermetic.root / "store" / "entries").iterdir())
+
+
+def test_missing_hash_and_no_wheel_for_interpreter(tmp_path: Path, hermetic: Hermetic,
+                                                   index: LoopbackIndex) -> None:
+    res = hermetic("realize", write_recipe(tmp_path / "a", "nohash", "alpha==1.0\n"))
+    _assert_clean_failure(res, 2, "nohash.lock.txt:1")
+    foreign = build_wheel(tmp_path / "whl", "foreign", "1.0", {"f/x.py": "1"},
+                          tag="cp27-cp27m-win32")
+    lock = (f'lock-version = "1.0"\ncreated-by = "test"\n[[packages]]\nname = "foreign"\nversion = "1.0"\n'
+            f'[[packages.wheels]]\nurl = "{index.url}/files/{foreign.filename}"\n'
+            f'hashes = {{sha256 = "{foreign.sha256}"}}\n')
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "pylock.toml").write_text(lock)
+    (folder / "r.toml").write_text('[recipe]\nname = "foreign"\nlocks = ["pylock.toml"]\n')
+    res = hermetic("realize", folder / "r.toml")
+    _assert_clean_failure(res, 2, "pylock.toml", foreign.filename)
+
+
+def test_size_mismatch_in_pylock(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "pylock.toml").write_text(
+        f'lock-version = "1.0"\ncreated-by = "test"\n[[packages]]\nname = "alpha"\nversion = "1.0"\n'
+        f'[[packages.wheels]]\nurl = "{index.url}/files/{a.filename}"\nsize = {a.size + 1}\n'
+        f'hashes = {{sha256 = "{a.sha256}"}}\n')
+    (folder / "r.toml").write_text('[recipe]\nname = "sized"\nlocks = ["pylock.toml"]\n')
+    _assert_clean_failure(hermetic("realize", folder / "r.toml"), 2, "size")
+
+
+def test_network_failures_exit_1(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "net", pip_lock_line(a))
+    res = hermetic("realize", recipe, env={"PIP_INDEX_URL": dead_url()})
+    _assert_clean_failure(res, 1, "alpha")
+    index.state.truncate_files = True
+    res = hermetic("realize", recipe)
+    _assert_clean_failure(res, 1, "truncated")
+    assert not (hermetic.root / "profiles" / "net").exists()
