@@ -32,14 +32,14 @@ class Reporter:
         self.interactive = (not json_mode) and self.stderr.isatty()
 
     # events -----------------------------------------------------------------
-    def event(self, kind: str, message: str = "", **fields: Any) -> None:
+    def event(self, kind: str, message: str = "", /, **fields: Any) -> None:
         """One step of progress: a line on stderr for people, a record on stdout with --json."""
         if self.json_mode:
-            self._emit({"event": kind, **({"message": message} if message else {}), **fields})
+            self._emit({**fields, "event": kind, **({"message": message} if message else {})})
         elif message and not self.quiet:
             print(message, file=self.stderr, flush=True)
 
-    def warn(self, message: str, **fields: Any) -> None:
+    def warn(self, message: str, /, **fields: Any) -> None:
         if self.json_mode:
             self._emit({"event": "warning", "message": message, **fields})
         print(f"warning: {message}", file=self.stderr, flush=True)

@@ -1,0 +1,113 @@
+"""gc with roots, verify and repair, export and import (with a damaged archive)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tests.conftest import Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
+from tests.support.index import LoopbackIndex, dead_url
+
+
+def _two_recipes(tmp_path: Path, index: LoopbackIndex) -> tuple[Path, Path]:
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    b = make_pkg(tmp_path / "whl", "beta", "1.0")
+    c = make_pkg(tmp_path / "whl", "gamma", "1.0")
+    index.add(a.path, b.path, c.path)
+    r1 = write_recipe(tmp_path / "r1", "one", pip_lock_line(a) + pip_lock_line(b))
+    r2 = write_recipe(tmp_path / "r2", "two", pip_lock_line(b) + pip_lock_line(c))
+    return r1, r2
+
+
+def _entries(root: Path) -> set[str]:
+    return {p.name for p in (root / "store" / "entries").iterdir()}
+
+
+def test_gc_drops_exactly_the_unreachable(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    r1, r2 = _two_recipes(tmp_path, index)
+    hermetic("realize", r1, check=True)
+    only_one = _entries(hermetic.root)
+    hermetic("realize", r2, check=True)
+    everything = _entries(hermetic.root)
+    # entries of "two" that "one" does not share: its tree and gamma's unpacked entry
+    expected = everything - only_one
+    assert len(expected) == 2
+    dry = hermetic("gc", "--drop-root", "two", "--dry-run", "--json", check=True)
+    result = json.loads(dry.out.splitlines()[-1])
+    assert set(result["dead_entries"]) == expected
+    assert _entries(hermetic.root) == everything  # a dry run deletes nothing
+    res = hermetic("gc", "--drop-root", "two", "--json", check=True)
+    result = json.loads(res.out.splitlines()[-1])
+    assert set(result["dead_entries"]) == expected and result["freed_bytes"] > 0
+    assert _entries(hermetic.root) == only_one
+    assert hermetic("verify", check=True).rc == 0
+    assert not (hermetic.root / "profiles" / "two").exists()
+    assert (hermetic.root / "profiles" / "one" / "alpha" / "__init__.py").exists()
+    hermetic("gc", "--all", check=True)
+    assert not hermetic.root.exists()
+
+
+def test_gc_keeps_what_a_root_reaches(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    r1, _ = _two_recipes(tmp_path, index)
+    hermetic("realize", r1, check=True)
+    before = _entries(hermetic.root)
+    res = hermetic("gc", "--json", check=True)
+    assert json.loads(res.out.splitlines()[-1])["dead_entries"] == []
+    assert _entries(hermetic.root) == before
+
+
+def test_verify_finds_a_flipped_byte_and_repair_refetches(tmp_path: Path, hermetic: Hermetic,
+                                                          index: LoopbackIndex) -> None:
+    r1, _ = _two_recipes(tmp_path, index)
+    hermetic("realize", r1, check=True)
+    target = hermetic.root / "profiles" / "one" / "alpha" / "include" / "h1.h"
+    os.chmod(target, 0o644)
+    data = bytearray(target.read_bytes())
+    data[0] ^= 0x01
+    target.write_bytes(bytes(data))
+    os.chmod(target, 0o444)
+    res = hermetic("verify", "--json")
+    assert res.rc == 1
+    problems = json.loads(res.out.splitlines()[-1])["problems"]
+    assert any(p["kind"] == "blob" for p in problems)
+    res = hermetic("verify", "--repair", "--json")
+    assert res.rc == 0, res.err
+    assert target.read_text().startswith("#define H1 1")
+
+
+def test_export_import_air_gapped(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    r1, _ = _two_recipes(tmp_path, index)
+    hermetic("realize", r1, check=True)
+    archive = tmp_path / "closure.tar.zst"
+    hermetic("export", archive, check=True)
+    other = tmp_path / "other-root"
+    offline = {"PIP_INDEX_URL": dead_url()}
+    res = hermetic("import", archive, root=other, env=offline, check=True)
+    assert "imported" in res.err
+    served = len(index.state.requests)
+    res = hermetic("realize", r1, "--json", root=other, env=offline, check=True)
+    result = json.loads(res.out.splitlines()[-1])
+    assert result["counts"]["fetched"] == 0 and result["counts"]["unpacked"] == 0
+    assert len(index.state.requests) == served
+    snap = tree_snapshot(other / "profiles" / "one")
+    hermetic("realize", r1, root=other, env=offline, check=True)
+    assert tree_snapshot(other / "profiles" / "one") == snap
+    assert hermetic("verify", root=other, check=True).rc == 0
+
+
+def test_import_refuses_a_flipped_byte(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    r1, _ = _two_recipes(tmp_path, index)
+    hermetic("realize", r1, check=True)
+    archive = tmp_path / "closure.tar.zst"
+    hermetic("export", archive, check=True)
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    archive.write_bytes(bytes(data))
+    other = tmp_path / "other-root"
+    res = hermetic("import", archive, root=other)
+    assert res.rc == 2 and "Traceback" not in res.err and "closure.tar.zst" in res.err
+    entries = other / "store" / "entries"
+    assert not entries.exists() or not any(entries.iterdir())
+    blobs = other / "store" / "blobs"
+    assert not blobs.exists() or not any(blobs.iterdir())
