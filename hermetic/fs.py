@@ -92,7 +92,7 @@ def read_json(path: Path) -> Any:
 
 def make_tree_readonly(top: Path) -> None:
     """Drop write bits on every file and folder below ``top`` (symlinks are left alone)."""
-    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+    for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
         for name in filenames:
             p = os.path.join(dirpath, name)
             st = os.lstat(p)

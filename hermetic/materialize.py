@@ -16,11 +16,22 @@ import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
+
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.exceptions import InstallerError
+from installer.records import Hash, RecordEntry
+from installer.scripts import Script
+from installer.sources import WheelFile
+from installer.utils import Scheme
 
 from . import fs
 from .errors import BadInput
 from .store import Store, entry_name
+
+if TYPE_CHECKING:
+    from installer.scripts import ScriptSection
 
 UNPACKER_VERSION = 1
 TREE_VERSION = 1
@@ -52,10 +63,6 @@ def load_unpacked(store: Store, name: str) -> Unpacked:
 
 def unpack_wheel(store: Store, wheel_path: Path, wheel_sha256: str, *, label: str, where: str) -> Unpacked:
     """Validate a wheel's RECORD and unpack it into blobs through installer; build once per wheel."""
-    from installer import install
-    from installer.exceptions import InstallerError
-    from installer.sources import WheelFile
-
     name = unpacked_entry_name(wheel_sha256, label)
     with store.build_entry(name) as staging:
         if staging is None:
@@ -86,48 +93,30 @@ def _record_hash(digest: str) -> str:
     return base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
 
 
-def _make_destination_class() -> type:
-    from installer.destinations import SchemeDictionaryDestination
-    from installer.records import Hash, RecordEntry
-    from installer.scripts import Script
+class _BlobDestination(SchemeDictionaryDestination):
+    """installer's own scheme mapping and path-traversal guard, with blobs for bytes."""
 
-    class BlobDestination(SchemeDictionaryDestination):  # type: ignore[misc]
-        """installer's own scheme mapping and path-traversal guard, with blobs for bytes."""
+    def __init__(self, store: Store) -> None:
+        super().__init__(
+            scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
+                         "scripts": f"{_VBASE}/bin", "data": _VBASE},
+            interpreter=SCRIPT_INTERPRETER, script_kind="posix")
+        self.store = store
+        self.files: FileMap = {}
 
-        def __init__(self, store: Store) -> None:
-            super().__init__(
-                scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
-                             "scripts": f"{_VBASE}/bin", "data": _VBASE},
-                interpreter=SCRIPT_INTERPRETER, script_kind="posix")
-            self.store = store
-            self.files: FileMap = {}
+    def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
+        target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
+        rel = target.relative_to(_VBASE).as_posix()
+        _check_relpath(rel)
+        if rel in self.files:
+            raise ValueError(f"the wheel writes {rel} twice")
+        digest, size = self.store.put_blob_stream(stream, is_executable)
+        self.files[rel] = (digest, is_executable)
+        return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
 
-        def write_to_fs(self, scheme: str, path: str, stream: BinaryIO, is_executable: bool) -> object:
-            target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
-            rel = target.relative_to(_VBASE).as_posix()
-            _check_relpath(rel)
-            if rel in self.files:
-                raise ValueError(f"the wheel writes {rel} twice")
-            digest, size = self.store.put_blob_stream(stream, is_executable)
-            self.files[rel] = (digest, is_executable)
-            return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
-
-        def write_script(self, name: str, module: str, attr: str, section: str) -> object:
-            script_name, data = Script(name, module, attr, section).generate(self.interpreter,
-                                                                                self.script_kind)
-            return self.write_to_fs("scripts", script_name, io.BytesIO(data), True)
-
-    return BlobDestination
-
-
-_dest_class: type | None = None
-
-
-def _BlobDestination(store: Store) -> object:  # noqa: N802 - reads as the class it builds lazily
-    global _dest_class
-    if _dest_class is None:
-        _dest_class = _make_destination_class()
-    return _dest_class(store)
+    def write_script(self, name: str, module: str, attr: str, section: ScriptSection) -> RecordEntry:
+        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), True)
 
 
 def _check_relpath(rel: str) -> None:

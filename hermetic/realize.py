@@ -13,13 +13,20 @@ from typing import Any
 
 from . import __version__, fs
 from .errors import BadInput
+from .inputs import Outcome, noop_check, record_inputs
 from .lockfiles import Lock, LockedWheel, read_lock
-from .materialize import Unpacked, build_tree, load_unpacked, merge_files, set_profile, unpack_wheel, \
-    unpacked_entry_name
+from .materialize import (
+    Unpacked,
+    build_tree,
+    load_unpacked,
+    merge_files,
+    set_profile,
+    unpack_wheel,
+    unpacked_entry_name,
+)
 from .recipe import Recipe, load_recipe
 from .reporter import Reporter
 from .root import Root
-from .inputs import Outcome, noop_check, record_inputs
 from .store import Store
 from .toolchain import toolchain_links
 

@@ -87,8 +87,15 @@ class _PlainTask:
 class _RichTask:
     def __init__(self, label: str, total: int | None, unit: str, stream: IO[str]) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
-                                   TextColumn, TimeElapsedColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TransferSpeedColumn,
+        )
         columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
         columns += ([DownloadColumn(), TransferSpeedColumn()] if unit == "bytes"
                     else [MofNCompleteColumn()])

@@ -1,0 +1,152 @@
+"""Acceptance: pylock.toml files written by the real clients (`uv pip compile`, `pip lock`) are accepted.
+
+The clients run in a throwaway venv against a loopback index serving wheels built here, with every home,
+cache and temp directory inside tmp_path, so the test leaves nothing behind and reaches no index but its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.tags import compatible_tags, cpython_tags
+
+from hermetic.lockfiles import Lock, read_lock
+from tests.support import index as index_module
+from tests.support.index import LoopbackIndex, serve_index
+from tests.support.wheels import BuiltWheel, build_wheel
+
+# What pip prints when the package index cannot be reached (as opposed to a real install failure).
+_NO_NETWORK = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
+                         r"Name or service not known|Network is unreachable|No route to host|"
+                         r"Max retries exceeded|ConnectTimeoutError|ReadTimeoutError|ProxyError|"
+                         r"Could not fetch URL|NewConnectionError|connection broken", re.I)
+PY = f"{sys.version_info.major}{sys.version_info.minor}"
+
+
+def _isolated_env(root: Path) -> dict[str, str]:
+    """The caller's environment minus pip/uv settings, with every writable home inside ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    for name in ("home", "cache", "config", "data", "state", "tmp", "uv-cache", "pip-cache"):
+        (root / name).mkdir(parents=True, exist_ok=True)
+    env.update(HOME=str(root / "home"), XDG_CACHE_HOME=str(root / "cache"),
+               XDG_CONFIG_HOME=str(root / "config"), XDG_DATA_HOME=str(root / "data"),
+               XDG_STATE_HOME=str(root / "state"), TMPDIR=str(root / "tmp"),
+               UV_CACHE_DIR=str(root / "uv-cache"), PIP_CACHE_DIR=str(root / "pip-cache"))
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding uv and pip>=25.1 (pip lock); skipped only when the package index is unreachable."""
+    root = tmp_path_factory.mktemp("clients")
+    venv_dir = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv_dir)], check=True, timeout=300)
+    # This install alone uses the machine's pip configuration (it is how the index is reached); only the
+    # config locations are kept from the real environment, everything written stays under root.
+    env = {**os.environ, **_isolated_env(root / "install")}
+    env["XDG_CONFIG_HOME"] = os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))
+    if "PIP_CONFIG_FILE" not in env and (Path.home() / ".pip/pip.conf").is_file():
+        env["PIP_CONFIG_FILE"] = str(Path.home() / ".pip/pip.conf")  # pip's legacy per-user file
+    done = _run([str(venv_dir / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                 "pip>=25.1", "uv"], env, timeout=600)
+    if done.returncode != 0:
+        output = done.stdout + done.stderr
+        if _NO_NETWORK.search(output):
+            print(f"pip could not reach the package index:\n{output}")
+            pytest.skip("no network: cannot install uv and pip>=25.1 (see captured output)")
+        pytest.fail(f"installing uv and pip>=25.1 failed:\n{output}")
+    return venv_dir
+
+
+Served = tuple[LoopbackIndex, dict[str, BuiltWheel]]
+
+
+@pytest.fixture
+def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    wheels_dir = tmp_path / "wheels"
+    wheels = {
+        "alpha": build_wheel(wheels_dir, "alpha-pkg", "1.0", {"alpha_pkg/__init__.py": "A = 1\n"},
+                             requires=["beta>=2", "gamma; sys_platform == 'win32'"]),
+        "beta1": build_wheel(wheels_dir, "beta", "1.0", {"beta/__init__.py": "B = 1\n"}),
+        "beta2": build_wheel(wheels_dir, "beta", "2.0", {"beta/__init__.py": "B = 2\n"}),
+        "gamma": build_wheel(wheels_dir, "gamma", "3.0", {"gamma/__init__.py": ""}),
+        "gamma-win": build_wheel(wheels_dir, "gamma", "3.0", {"gamma/__init__.py": "# win\n"},
+                                 tag=f"cp{PY}-cp{PY}-win_amd64"),
+    }
+
+    def do_head(self: index_module._Handler) -> None:
+        # uv probes a wheel with HEAD (for range requests) when the index has no PEP 658 metadata; real
+        # indexes answer it, the loopback index answers 501, which uv treats as a failed download.
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if len(parts) == 2 and parts[0] == "files" and parts[1] in self.state.files:
+            self.send_response(200)
+            self.send_header("Content-Length", str(self.state.files[parts[1]].stat().st_size))
+            self.end_headers()
+        else:
+            self.send_error(404)
+
+    monkeypatch.setattr(index_module._Handler, "do_HEAD", do_head, raising=False)
+    with serve_index(*(w.path for w in wheels.values())) as idx:
+        yield idx, wheels
+
+
+def _check(lock: Lock, idx: LoopbackIndex, expected: list[BuiltWheel]) -> None:
+    got = [(w.name, w.version, w.hashes, w.url, w.filename, w.path) for w in lock.wheels]
+    assert got == [(w.name, w.version, (w.sha256,), f"{idx.url}/files/{w.filename}", w.filename, None)
+                   for w in expected]
+    for locked, built in zip(lock.wheels, expected, strict=True):
+        assert locked.size in (None, built.size)  # optional in PEP 751; the loopback index sends no sizes
+
+
+def test_uv_pip_compile_pylock(venv: Path, index: Served, tmp_path: Path) -> None:
+    idx, wheels = index
+    env = {**_isolated_env(tmp_path / "uv-run"), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"}
+    (tmp_path / "requirements.in").write_text("alpha-pkg\n")
+    out = tmp_path / "uv" / "pylock.toml"
+    done = _run([str(venv / "bin/uv"), "pip", "compile", "--quiet", "--format", "pylock.toml", "--universal",
+                 "--index-url", idx.simple_url, "--no-cache", "--python", str(venv / "bin/python"),
+                 "-o", str(out), str(tmp_path / "requirements.in")], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(out.read_text())
+    assert 'created-by = "uv"' in out.read_text()
+
+    lock = read_lock(out)
+    assert lock.format == "pylock" and lock.warnings == ()
+    _check(lock, idx, [wheels["alpha"], wheels["beta2"]])  # gamma's marker (win32) is false here
+
+    # The universal lock also serves Windows: there gamma is installed, from its platform wheel.
+    win_env = {**{k: str(v) for k, v in default_environment().items()},
+               "sys_platform": "win32", "platform_system": "Windows", "os_name": "nt"}
+    win_tags = [*cpython_tags(sys.version_info[:2], [f"cp{PY}"], ["win_amd64"]),
+                *compatible_tags(sys.version_info[:2], f"cp{PY}", ["win_amd64"])]
+    windows = read_lock(out, environment=win_env, tags=win_tags)
+    _check(windows, idx, [wheels["alpha"], wheels["beta2"], wheels["gamma-win"]])
+
+
+def test_pip_lock_pylock(venv: Path, index: Served, tmp_path: Path) -> None:
+    idx, wheels = index
+    env = {**_isolated_env(tmp_path / "pip-run"), "PIP_CONFIG_FILE": os.devnull}
+    out = tmp_path / "pip" / "pylock.toml"
+    out.parent.mkdir()  # pip lock -o does not create missing folders (uv does)
+    done = _run([str(venv / "bin/python"), "-m", "pip", "lock", "--isolated", "--disable-pip-version-check",
+                 "--no-cache-dir", "--index-url", idx.simple_url, "-o", str(out), "alpha-pkg"], env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(out.read_text())
+    assert 'created-by = "pip"' in out.read_text()
+
+    lock = read_lock(out)
+    assert lock.format == "pylock" and lock.warnings == ()
+    _check(lock, idx, [wheels["alpha"], wheels["beta2"]])
+    # pip locks for the running environment only: no gamma at all, not even under a marker.
+    assert "gamma" not in out.read_text()
