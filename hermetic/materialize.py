@@ -28,7 +28,7 @@ from installer.utils import Scheme
 
 from . import fs
 from .errors import BadInput
-from .store import Store, entry_name
+from .store import Staging, Store, entry_name
 
 if TYPE_CHECKING:
     from installer.scripts import ScriptSection
@@ -61,24 +61,19 @@ def load_unpacked(store: Store, name: str) -> Unpacked:
     return Unpacked(name, meta["wheel"], files)
 
 
-def unpack_wheel(store: Store, wheel_path: Path, wheel_sha256: str, *, label: str, where: str) -> Unpacked:
-    """Validate a wheel's RECORD and unpack it into blobs through installer; build once per wheel."""
-    name = unpacked_entry_name(wheel_sha256, label)
-    with store.build_entry(name) as staging:
-        if staging is None:
-            return load_unpacked(store, name)
-        dest = _BlobDestination(store)
-        try:
-            with WheelFile.open(wheel_path) as source:
-                source.validate_record(validate_contents=True)
-                install(source, dest, {"INSTALLER": b"hermetic\n"})
-        except (InstallerError, ValueError, zipfile.BadZipFile, KeyError) as e:
-            raise BadInput(f"wheel {wheel_path.name} is invalid: {_installer_message(e)}", where=where,
-                           hint="the wheel is damaged or hostile; check the lock's hash and the index") from None
-        staging.meta.update({"kind": "unpacked", "wheel": wheel_sha256, "filename": wheel_path.name,
-                             "files": {p: [d, x] for p, (d, x) in sorted(dest.files.items())},
-                             "refs": [f"blob:{wheel_sha256}"]})
-    return load_unpacked(store, name)
+def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where: str) -> None:
+    """Validate a wheel's RECORD, then unpack it into blobs through installer, recording them in ``staging``."""
+    dest = _BlobDestination(staging.store)
+    try:
+        with WheelFile.open(wheel_path) as source:
+            source.validate_record(validate_contents=True)
+            install(source, dest, {"INSTALLER": b"hermetic\n"})
+    except (InstallerError, ValueError, zipfile.BadZipFile, KeyError) as e:
+        raise BadInput(f"wheel {wheel_path.name} is invalid: {_installer_message(e)}", where=where,
+                       hint="the wheel is damaged or hostile; check the lock's hash and the index") from None
+    staging.meta.update({"kind": "unpacked", "wheel": wheel_sha256, "filename": wheel_path.name,
+                         "files": {p: [d, x] for p, (d, x) in sorted(dest.files.items())},
+                         "refs": [f"blob:{wheel_sha256}"]})
 
 
 def _installer_message(e: Exception) -> str:

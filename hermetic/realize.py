@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, fs
 from .errors import BadInput
@@ -27,8 +27,11 @@ from .materialize import (
 from .recipe import Recipe, load_recipe
 from .reporter import Reporter
 from .root import Root
-from .store import Store
+from .store import Staging, Store
 from .toolchain import toolchain_links
+
+if TYPE_CHECKING:
+    from .fetch import Fetcher
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
@@ -76,41 +79,57 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
 
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
                      counts: dict[str, int]) -> list[Unpacked]:
+    """Each locked wheel unpacked in the store, fetching only what is missing.
+
+    The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
+    download and unpack each wheel once; the others wait and reuse it.
+    """
     wheels = _unique_wheels(locks)
+    counts["wheels"] = len(wheels)
     out: list[Unpacked] = []
-    todo: list[LockedWheel] = []
+    fetcher: Fetcher | None = None
     for w in wheels:
         found = _existing_unpacked(store, w)
         if found is not None:
             out.append(found)
             counts["reused"] += 1
-        else:
-            todo.append(w)
-    counts["wheels"] = len(wheels)
-    fetcher = None
-    for w in todo:
-        blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
-        if blob is None:
-            if fetcher is None:  # requests and pip's configuration are loaded only when needed
-                from .fetch import Fetcher
-                from .pipconfig import load_pip_config
-                fetcher = Fetcher(load_pip_config(), store.tmp, reporter)
-            got = fetcher.fetch(w)
-            store.temproots.add(f"blob:{got.sha256}")
-            blob = store.put_blob_file(got.path, got.sha256)
-            filename = got.filename
-            counts["fetched"] += 1
-            counts["fetched_bytes"] += got.size
-            reporter.event("fetched", f"fetched {filename} ({got.size} bytes)", wheel=filename,
-                           sha256=got.sha256, bytes=got.size)
-        else:
-            filename = w.filename or _filename_from_wheel(w, blob)
-        sha = blob.name
-        store.temproots.add(f"blob:{sha}")
-        out.append(_unpack_blob(store, blob, sha, filename, w.name, w.where))
-        counts["unpacked"] += 1
-        reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
+            continue
+        name = unpacked_entry_name(w.hashes[0], w.name)
+        with store.build_entry(name) as staging:
+            if staging is not None:
+                blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
+                if blob is None:
+                    if fetcher is None:  # requests and pip's configuration are loaded only when needed
+                        fetcher = _make_fetcher(store, reporter)
+                    blob, filename = _fetch(store, fetcher, w, reporter, counts)
+                else:
+                    filename = w.filename or _filename_from_wheel(w, blob)
+                store.temproots.add(f"blob:{blob.name}")
+                _unpack_blob(staging, blob, blob.name, filename, w.where)
+                counts["unpacked"] += 1
+                reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
+            else:
+                counts["reused"] += 1
+        out.append(load_unpacked(store, name))
     return sorted(out, key=lambda u: u.entry)
+
+
+def _make_fetcher(store: Store, reporter: Reporter) -> Fetcher:
+    from .fetch import Fetcher
+    from .pipconfig import load_pip_config
+    return Fetcher(load_pip_config(), store.tmp, reporter)
+
+
+def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
+           counts: dict[str, int]) -> tuple[Path, str]:
+    got = fetcher.fetch(w)
+    store.temproots.add(f"blob:{got.sha256}")
+    blob = store.put_blob_file(got.path, got.sha256)
+    counts["fetched"] += 1
+    counts["fetched_bytes"] += got.size
+    reporter.event("fetched", f"fetched {got.filename} ({got.size} bytes)", wheel=got.filename,
+                   sha256=got.sha256, bytes=got.size)
+    return blob, got.filename
 
 
 def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
@@ -148,17 +167,15 @@ def _filename_from_wheel(w: LockedWheel, blob: Path) -> str:
     return f"{wheel_meta.split('/')[0][: -len('.dist-info')]}-{tag}.whl"
 
 
-def _unpack_blob(store: Store, blob: Path, sha: str, filename: str, label: str, where: str) -> Unpacked:
+def _unpack_blob(staging: Staging, blob: Path, sha: str, filename: str, where: str) -> None:
     # installer reads the distribution's name from the file name, so give the blob its name via a link
-    work = store.tmp / f"wheel-{os.getpid()}-{sha[:16]}"
-    work.mkdir(parents=True, exist_ok=True)
-    named = work / filename
+    named = staging.path / "wheel" / filename
+    named.parent.mkdir()
+    os.symlink(blob, named)
     try:
-        if not named.is_symlink():
-            os.symlink(blob, named)
-        return unpack_wheel(store, named, sha, label=label, where=where)
+        unpack_wheel(staging, named, sha, where=where)
     finally:
-        fs.remove_tree(work)
+        fs.remove_tree(named.parent)
 
 
 def write_root(root: Root, recipe: Recipe, entries: list[str]) -> bool:
