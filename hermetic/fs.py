@@ -120,6 +120,17 @@ def remove_tree(top: Path) -> int:
     return freed
 
 
+def link_or_copy_str(src: str, dst: str) -> bool:
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+            raise
+    shutil.copy2(src, dst)
+    return False
+
+
 def link_or_copy(src: Path, dst: Path) -> bool:
     """Hard-link ``src`` to ``dst``; copy (keeping mtime) across file systems or past the link limit.
 

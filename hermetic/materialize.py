@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -114,11 +115,13 @@ class _BlobDestination(SchemeDictionaryDestination):
         return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), True)
 
 
+_UNSAFE_PATH = re.compile(r"(^|/)\.{0,2}(/|$)|^/|[\x00-\x1f\x7f]")
+
+
 def _check_relpath(rel: str) -> None:
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
-        raise ValueError(f"unsafe path {rel!r} in the wheel")
-    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
-        raise ValueError(f"control character in path {rel!r}")
+    """A relative path with no empty, '.' or '..' part and no control character."""
+    if not rel or _UNSAFE_PATH.search(rel):
+        raise ValueError(f"unsafe path {rel!r}")
 
 
 def _check_link_target(rel: str, target: str) -> None:
@@ -163,14 +166,16 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
         out = staging.out
         out.mkdir()
         made: set[str] = {""}
+        base, blobs = str(out), str(store.blobs)
         for rel in sorted(files):
             _check_relpath(rel)  # records may come from an imported archive: never trust a path
             digest, executable = files[rel]
             parent = rel.rpartition("/")[0]
             if parent not in made:
-                os.makedirs(out / parent, exist_ok=True)
-                made.add(parent)
-            fs.link_or_copy(store.blob_path(digest, executable), out / rel)
+                os.makedirs(f"{base}/{parent}", exist_ok=True)
+                made.update(_ancestors(parent))
+            # plain strings: pathlib costs more than the link itself over a few thousand files
+            fs.link_or_copy_str(f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}", f"{base}/{rel}")
         for rel, target in sorted(links.items()):
             _check_relpath(rel)
             _check_link_target(rel, target)
@@ -179,10 +184,18 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
             if dst.exists() or dst.is_symlink():
                 dst.unlink()
             os.symlink(target, dst)
+            made.update(_ancestors(rel.rpartition("/")[0]))
+        # files are links to read-only blobs already; only the folders need their write bits dropped
+        staging.readonly_dirs = sorted(f"{base}/{d}" if d else base for d in made)
         staging.meta.update({"kind": "tree", "label": label,
                              "files": {p: [d, x] for p, (d, x) in sorted(files.items())},
                              "links": dict(sorted(links.items())), "refs": sorted(set(refs))})
     return name, True
+
+
+def _ancestors(folder: str) -> list[str]:
+    parts = folder.split("/") if folder else []
+    return ["/".join(parts[:i]) for i in range(len(parts) + 1)]
 
 
 def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:

@@ -146,6 +146,7 @@ def _pip_line(line: str, base: Path, env: dict[str, Any], tags: list[Tag], where
 
 
 def read_pip_hash(path: Path, raw: bytes, env: dict[str, Any], tags: list[Tag]) -> list[LockedWheel]:
+    """The wheels of the lock ``raw`` (read from ``path``) whose markers hold in ``env``, one per name."""
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

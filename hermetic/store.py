@@ -199,6 +199,7 @@ class Staging:
         self.path = store.tmp / f"entry-{name}.{os.getpid()}.{secrets.token_hex(4)}"
         self.path.mkdir()
         self.meta: dict[str, Any] = {"format": STORE_FORMAT, "name": name}
+        self.readonly_dirs: list[str] | None = None  # set when the builder knows its folders: no walk needed
         self._published = False
 
     @property
@@ -207,7 +208,12 @@ class Staging:
 
     def publish(self) -> None:
         fs.atomic_write_json(self.path / ENTRY_META, self.meta, durable=self.store.durable)
-        fs.make_tree_readonly(self.path)
+        if self.readonly_dirs is None:
+            fs.make_tree_readonly(self.path)
+        else:
+            for d in reversed(self.readonly_dirs):
+                os.chmod(d, 0o555)
+            os.chmod(self.path / ENTRY_META, 0o444)
         os.chmod(self.path, 0o755)  # the entry folder stays renamable, for gc's invalidation
         dst = self.store.entries / self.name
         with self.store.gc_lock():

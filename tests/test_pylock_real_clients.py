@@ -11,14 +11,15 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from packaging.markers import default_environment
 from packaging.tags import compatible_tags, cpython_tags
 
 from hermetic.lockfiles import Lock, read_lock
-from tests.support import index as index_module
 from tests.support.index import LoopbackIndex, serve_index
 from tests.support.wheels import BuiltWheel, build_wheel
 
@@ -73,7 +74,7 @@ Served = tuple[LoopbackIndex, dict[str, BuiltWheel]]
 
 
 @pytest.fixture
-def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+def index(tmp_path: Path) -> Iterator[Served]:
     wheels_dir = tmp_path / "wheels"
     wheels = {
         "alpha": build_wheel(wheels_dir, "alpha-pkg", "1.0", {"alpha_pkg/__init__.py": "A = 1\n"},
@@ -85,18 +86,6 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
                                  tag=f"cp{PY}-cp{PY}-win_amd64"),
     }
 
-    def do_head(self: index_module._Handler) -> None:
-        # uv probes a wheel with HEAD (for range requests) when the index has no PEP 658 metadata; real
-        # indexes answer it, the loopback index answers 501, which uv treats as a failed download.
-        parts = [p for p in self.path.split("?")[0].split("/") if p]
-        if len(parts) == 2 and parts[0] == "files" and parts[1] in self.state.files:
-            self.send_response(200)
-            self.send_header("Content-Length", str(self.state.files[parts[1]].stat().st_size))
-            self.end_headers()
-        else:
-            self.send_error(404)
-
-    monkeypatch.setattr(index_module._Handler, "do_HEAD", do_head, raising=False)
     with serve_index(*(w.path for w in wheels.values())) as idx:
         yield idx, wheels
 
@@ -107,6 +96,29 @@ def _check(lock: Lock, idx: LoopbackIndex, expected: list[BuiltWheel]) -> None:
                    for w in expected]
     for locked, built in zip(lock.wheels, expected, strict=True):
         assert locked.size in (None, built.size)  # optional in PEP 751; the loopback index sends no sizes
+
+
+def test_index_answers_head(index: Served) -> None:
+    # uv probes a wheel with HEAD (for range requests) when the index has no PEP 658 metadata.
+    idx, wheels = index
+    wheel = f"/files/{wheels['beta2'].filename}"
+
+    def head(path: str) -> tuple[int, dict[str, str], bytes]:
+        conn = HTTPConnection(urlsplit(idx.url).netloc, timeout=30)
+        try:
+            conn.request("HEAD", path)
+            answer = conn.getresponse()
+            return answer.status, dict(answer.getheaders()), answer.read()
+        finally:
+            conn.close()
+
+    status, headers, body = head(wheel)
+    assert (status, int(headers["Content-Length"]), body) == (200, wheels["beta2"].size, b"")
+    status, headers, body = head("/simple/beta/")
+    assert status == 200 and headers["Content-Type"] == "text/html" and body == b""
+    idx.state.fail_next = 1
+    assert head(wheel)[0] == 503 and head(wheel)[0] == 200
+    assert idx.state.head_requests == [wheel, "/simple/beta/", wheel, wheel] and idx.state.requests == []
 
 
 def test_uv_pip_compile_pylock(venv: Path, index: Served, tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 @dataclass
 class IndexState:
     files: dict[str, Path] = field(default_factory=dict)  # filename -> path
-    requests: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)       # paths of GET requests, in order
+    head_requests: list[str] = field(default_factory=list)  # paths of HEAD requests, in order
     fail_next: int = 0            # answer this many requests with 503
     truncate_files: bool = False  # send half of each file with a full Content-Length
 
@@ -38,8 +39,17 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802
+        self.state.requests.append(self.path)
+        self._answer(with_body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        # uv probes a wheel with HEAD (for range requests) when the index has no PEP 658 metadata.
+        self.state.head_requests.append(self.path)
+        self._answer(with_body=False)
+
+    def _answer(self, *, with_body: bool) -> None:
+        """The GET answer; for HEAD the same status and headers, no body (send_error already omits it)."""
         st = self.state
-        st.requests.append(self.path)
         if st.fail_next > 0:
             st.fail_next -= 1
             self.send_error(503)
@@ -51,7 +61,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data[: len(data) // 2] if st.truncate_files else data)
+            if with_body:
+                self.wfile.write(data[: len(data) // 2] if st.truncate_files else data)
             return
         if len(parts) == 2 and parts[0] == "simple":
             project = canonicalize_name(parts[1])
@@ -78,7 +89,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if with_body:
+                self.wfile.write(body)
             return
         if len(parts) == 1 and parts[0] == "simple":
             names = sorted({canonicalize_name(parse_wheel_filename(fn)[0]) for fn in st.files})
@@ -87,7 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/html")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if with_body:
+                self.wfile.write(body)
             return
         self.send_error(404)
 
