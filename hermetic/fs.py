@@ -77,12 +77,17 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = 
 
 
 def canonical_json(obj: Any) -> bytes:
-    """Stable key order and separators, so that two records diff cleanly and hash reproducibly."""
+    """Sorted keys, compact separators: hashes reproducibly, and the C encoder keeps large records fast."""
+    return (json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+
+def pretty_json(obj: Any) -> bytes:
+    """Sorted keys, one item a line: for records people read and diff (receipts, roots)."""
     return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
 
 
-def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644, durable: bool = True) -> None:
-    atomic_write(path, canonical_json(obj), mode=mode, durable=durable)
+def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644, durable: bool = True, pretty: bool = False) -> None:
+    atomic_write(path, pretty_json(obj) if pretty else canonical_json(obj), mode=mode, durable=durable)
 
 
 def read_json(path: Path) -> Any:

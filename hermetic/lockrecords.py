@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -20,28 +19,9 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from hermetic.errors import BadInput
+from hermetic.locktypes import Lock, LockedWheel
 
-
-@dataclass(frozen=True)
-class LockedWheel:
-    name: str                  # canonical name
-    version: str | None
-    hashes: tuple[str, ...]    # acceptable sha256 hex digests, lowercase, sorted
-    filename: str | None       # exact wheel filename when the lock names one (pylock: always)
-    url: str | None            # absolute http(s) URL when the lock gives one
-    path: Path | None          # absolute local path: relative paths and file: URLs resolved
-    size: int | None
-    where: str                 # "manifests/x.txt:12" for messages
-    index: str | None = None   # pylock package `index` (a simple-API base URL) when given
-
-
-@dataclass(frozen=True)
-class Lock:
-    path: Path
-    sha256: str                # of the lock file bytes
-    format: str                # "pip-hash" or "pylock"
-    wheels: tuple[LockedWheel, ...]   # after marker evaluation, sorted by name
-    warnings: tuple[str, ...] = ()    # unknown keys tolerated in a pylock of a newer 1.x minor version
+__all__ = ["Lock", "LockedWheel"]
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from . import __version__, fs
 from .errors import BadInput
 from .inputs import Outcome, noop_check, record_inputs
-from .lockfiles import Lock, LockedWheel, read_lock
+from .lockcache import read_lock_cached
+from .locktypes import Lock, LockedWheel
 from .materialize import (
     Unpacked,
     build_tree,
     load_unpacked,
     merge_files,
     set_profile,
-    unpack_wheel,
     unpacked_entry_name,
 )
 from .recipe import Recipe, load_recipe
@@ -51,7 +51,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
     recipe = load_recipe(recipe_path)                            # 1. validate
     root.ensure()
     store = Store(root.store).open()
-    locks = [read_lock(p) for p in recipe.locks]                 # 2. qualify (tags and markers)
+    locks = [read_lock_cached(root.state, p) for p in recipe.locks]   # 2. qualify (tags and markers)
     t = lap("qualify", t)
     counts = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
     unpacked = fetch_and_unpack(root, store, locks, reporter, counts)   # 3. fetch
@@ -173,6 +173,7 @@ def _unpack_blob(staging: Staging, blob: Path, sha: str, filename: str, where: s
     named.parent.mkdir()
     os.symlink(blob, named)
     try:
+        from .unpack import unpack_wheel  # installer is imported only when a wheel is unpacked
         unpack_wheel(staging, named, sha, where=where)
     finally:
         fs.remove_tree(named.parent)
@@ -183,7 +184,7 @@ def write_root(root: Root, recipe: Recipe, entries: list[str]) -> bool:
     record = {"format": 1, "name": recipe.name, "recipe": str(recipe.path),
               "profile": recipe.name, "refs": [f"entry:{e}" for e in entries]}
     path = root.roots / f"{recipe.name}.json"
-    data = fs.canonical_json(record)
+    data = fs.pretty_json(record)
     if path.exists() and path.read_bytes() == data:
         return False
     fs.atomic_write(path, data)
@@ -210,7 +211,7 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     digest = fs.sha256_bytes(fs.canonical_json(body))[:12]
     path = root.receipts / f"{outcome.name}-{stamp}-{digest}.json"
-    fs.atomic_write_json(path, body)
+    fs.atomic_write_json(path, body, pretty=True)
     return path
 
 
