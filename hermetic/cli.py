@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("realize", parents=[common], help="fetch, materialize and build a recipe")
-    p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/toolchain.toml")
+    p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml")
+    p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
+    p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
 
     p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")

@@ -16,15 +16,18 @@ from .store import Store
 
 def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from .inputs import noop_check
-    outcome = noop_check(root, args.recipe)
+    outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
         from .realize import realize
-        outcome = realize(root, args.recipe, reporter)
+        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain)
     c = outcome.counts
     verb = "realized" if outcome.changed else "up to date:"
+    objects = (f"; objects: {c.get('objects_compiled', 0)} compiled, {c.get('objects_reused', 0)} reused, "
+               f"{c.get('objects_reused-variant', 0)} reused across variants") if "objects_objects" in c else ""
     reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} "
                            f"({c['wheels']} wheels: {c['fetched']} fetched, {c['unpacked']} unpacked, "
-                           f"{c['reused']} reused; {c['files']} files; {outcome.timings.get('total', 0):.2f} s)")
+                           f"{c['reused']} reused{objects}; {c['files']} files; "
+                           f"{outcome.timings.get('total', 0):.2f} s)")
     reporter.result("realize", True, 0, recipe=outcome.name, profile=str(outcome.profile),
                     tree=outcome.tree, changed=outcome.changed, counts=c, timings=outcome.timings,
                     receipt=str(outcome.receipt) if outcome.receipt else None)

@@ -32,31 +32,32 @@ class Outcome:
     changed: bool = False
 
 
-def _state_path(root: Root, recipe_path: Path) -> Path:
-    return root.state / "realize" / (fs.sha256_bytes(str(recipe_path.resolve()).encode())[:24] + ".json")
+def _state_path(root: Root, recipe_path: Path, variant: str | None) -> Path:
+    key = f"{recipe_path.resolve()}\0{variant or ''}"
+    return root.state / "realize" / (fs.sha256_bytes(key.encode())[:24] + ".json")
 
 
-def _fingerprints(recipe_path: Path, locks: list[Path]) -> dict[str, Any]:
-    # the interpreter is an input too: its tags and markers chose the wheels
-    paths = [recipe_path.resolve(), *locks, Path(sys.executable).resolve()]
-    return {str(p): fs.fingerprint(p) for p in paths}
+def _fingerprints(recipe_path: Path, paths: list[Path]) -> dict[str, Any]:
+    # the running interpreter is an input too: its tags and markers chose the wheels
+    every = [recipe_path.resolve(), *paths, Path(sys.executable).resolve()]
+    return {str(p): fs.fingerprint(p) for p in every}
 
 
-def record_inputs(root: Root, recipe_path: Path, locks: list[Path], outcome: Outcome) -> None:
-    state = {"format": 1, "name": outcome.name, "inputs": _fingerprints(recipe_path, locks),
-             "locks": [str(p) for p in locks], "tree": outcome.tree, "entries": outcome.entries,
+def record_inputs(root: Root, recipe_path: Path, variant: str | None, paths: list[Path], outcome: Outcome) -> None:
+    state = {"format": 1, "name": outcome.name, "inputs": _fingerprints(recipe_path, paths),
+             "locks": [str(p) for p in paths], "tree": outcome.tree, "entries": outcome.entries,
              "counts": outcome.counts, "profile": os.readlink(outcome.profile),
              "receipt": str(outcome.receipt) if outcome.receipt else None}
-    path = _state_path(root, recipe_path)
+    path = _state_path(root, recipe_path, variant)
     data = fs.canonical_json(state)
     if not (path.exists() and path.read_bytes() == data):
         fs.atomic_write(path, data, durable=False)
 
 
-def noop_check(root: Root, recipe_path: Path) -> Outcome | None:
+def noop_check(root: Root, recipe_path: Path, variant: str | None = None) -> Outcome | None:
     """The previous outcome when no input changed and every entry is still there, else None."""
     try:
-        state = json.loads(_state_path(root, recipe_path).read_text())
+        state = json.loads(_state_path(root, recipe_path, variant).read_text())
         locks = [Path(p) for p in state["locks"]]
         recorded = {k: tuple(v) if v else None for k, v in state["inputs"].items()}
     except (OSError, ValueError, KeyError, TypeError):
@@ -75,5 +76,8 @@ def noop_check(root: Root, recipe_path: Path) -> Outcome | None:
     wheels = int(state["counts"].get("wheels", 0))
     counts = {"wheels": wheels, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": wheels,
               "files": int(state["counts"].get("files", 0))}
+    if "objects_objects" in state["counts"]:
+        n = int(state["counts"]["objects_objects"])
+        counts.update({"objects_objects": n, "objects_reused": n, "objects_compiled": 0})
     return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], state["entries"],
                    counts, {}, receipt, changed=False)

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, fs
+from .build_recipe import build_recipe
+from .check import import_check
 from .errors import BadInput
 from .inputs import Outcome, noop_check, record_inputs
 from .lockcache import read_lock_cached
@@ -24,7 +26,7 @@ from .materialize import (
     set_profile,
     unpacked_entry_name,
 )
-from .recipe import Recipe, load_recipe
+from .recipe import Recipe, Variant, load_recipe
 from .reporter import Reporter
 from .root import Root
 from .store import Staging, Store
@@ -34,10 +36,11 @@ if TYPE_CHECKING:
     from .fetch import Fetcher
 
 
-def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
+def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
+            explain: bool = False) -> Outcome:
     started = time.monotonic()
     timings: dict[str, float] = {}
-    unchanged = noop_check(root, recipe_path)                    # 0. nothing changed since last time?
+    unchanged = None if explain else noop_check(root, recipe_path, variant)   # 0. anything changed?
     if unchanged is not None:
         unchanged.timings["total"] = round(time.monotonic() - started, 4)
         return unchanged
@@ -49,32 +52,73 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter) -> Outcome:
 
     t = started
     recipe = load_recipe(recipe_path)                            # 1. validate
+    variants = _chosen_variants(recipe, variant)
+    name = recipe.name if variant is None else f"{recipe.name}.{variant}"
     root.ensure()
     store = Store(root.store).open()
-    locks = [read_lock_cached(root.state, p) for p in recipe.locks]   # 2. qualify (tags and markers)
+    builds = bool(recipe.extensions)
+    env_locks = [p for p in recipe.locks if not (builds and p == recipe.toolchain_lock)]
+    locks = [read_lock_cached(root.state, p) for p in env_locks]       # 2. qualify (tags and markers)
     t = lap("qualify", t)
-    counts = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
+    counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
     unpacked = fetch_and_unpack(root, store, locks, reporter, counts)   # 3. fetch
     t = lap("fetch", t)
-    files = merge_files((u.entry, u.files) for u in unpacked)    # 4. materialize (+5. toolchain links)
-    links = toolchain_links(recipe.toolchain, files) if recipe.toolchain else {}
-    tree, built = build_tree(store, recipe.name, files, links, refs=[f"entry:{u.entry}" for u in unpacked])
-    profile = set_profile(root.profiles, recipe.name, store, tree)
-    t = lap("materialize", t)
-    counts["files"] = len(files)
-    entries = sorted({tree, *(u.entry for u in unpacked)})
-    outcome = Outcome(recipe.name, recipe.path, profile, tree, entries, counts, timings,
-                      changed=built or counts["fetched"] > 0 or counts["unpacked"] > 0)
-    root_changed = write_root(root, recipe, entries)             # 9. receipt and gc root
-    outcome.changed |= root_changed
-    if outcome.changed:
-        outcome.receipt = write_receipt(root, outcome, locks, unpacked, started)
+    files = merge_files((u.entry, u.files) for u in unpacked)    # 4. materialize
+    links = toolchain_links(recipe.toolchain, files) if recipe.toolchain and not builds else {}
+    refs = [f"entry:{u.entry}" for u in unpacked]
+    report: dict[str, Any] = {}
+    changed = False
+    if builds:                                                   # 5-8. toolchain, sources, build, check
+        result = build_recipe(root, store, recipe, variants, reporter, counts, explain)
+        t = lap("build", t)
+        files.update({m.filename: (m.digest, False) for m in result.modules})
+        refs += result.refs
+        report = result.report
+        changed = result.changed
+    tree, built = build_tree(store, name, files, links, refs=refs)
+    profile = set_profile(root.profiles, name, store, tree)
+    if builds:
+        report["import_check"] = import_check(root, report["host"]["executable"], profile,
+                                              [m.module for m in result.modules], tree, result.env)
+        t = lap("check", t)
     else:
-        outcome.receipt = latest_receipt(root, recipe.name)
-    record_inputs(root, recipe.path, list(recipe.locks), outcome)
+        t = lap("materialize", t)
+    counts["files"] = len(files)
+    entries = sorted({tree, *(r[len("entry:"):] for r in refs if r.startswith("entry:"))})
+    outcome = Outcome(name, recipe.path, profile, tree, entries, counts, timings,
+                      changed=changed or built or counts["fetched"] > 0 or counts["unpacked"] > 0)
+    outcome.changed |= write_root(root, name, recipe, entries)   # 9. receipt and gc root
+    if outcome.changed:
+        outcome.receipt = write_receipt(root, outcome, locks, unpacked, report)
+    else:
+        outcome.receipt = latest_receipt(root, name)
+    record_inputs(root, recipe.path, variant, _input_paths(recipe, report), outcome)
     lap("receipt", t)
     timings["total"] = round(time.monotonic() - started, 4)
     return outcome
+
+
+def _chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
+    if variant is None:
+        return list(recipe.variants)
+    found = [v for v in recipe.variants if v.name == variant]
+    if not found:
+        raise BadInput(f"recipe {recipe.name} has no variant {variant!r}", where=str(recipe.path),
+                       hint=f"variants: {', '.join(v.name for v in recipe.variants)}")
+    return found
+
+
+def _input_paths(recipe: Recipe, report: dict[str, Any]) -> list[Path]:
+    """What a no-op trusts by fingerprint: recipe files, locks, sources, patches, interpreter, torch, compilers."""
+    paths = recipe.inputs()
+    host = report.get("host")
+    if host:
+        paths.append(Path(host["executable"]))
+        if host.get("torch"):
+            paths.append(Path(host["torch"]["version_file"]))
+    for cxx in report.get("toolchain", {}).get("host_compilers", {}).values():
+        paths.append(Path(cxx["path"]))
+    return paths
 
 
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
@@ -179,11 +223,11 @@ def _unpack_blob(staging: Staging, blob: Path, sha: str, filename: str, where: s
         fs.remove_tree(named.parent)
 
 
-def write_root(root: Root, recipe: Recipe, entries: list[str]) -> bool:
-    """The gc root of a recipe: rewritten only when its entries change."""
-    record = {"format": 1, "name": recipe.name, "recipe": str(recipe.path),
-              "profile": recipe.name, "refs": [f"entry:{e}" for e in entries]}
-    path = root.roots / f"{recipe.name}.json"
+def write_root(root: Root, name: str, recipe: Recipe, entries: list[str]) -> bool:
+    """The gc root of a recipe (or one variant of it): rewritten only when its entries change."""
+    record = {"format": 1, "name": name, "recipe": str(recipe.path),
+              "profile": name, "refs": [f"entry:{e}" for e in entries]}
+    path = root.roots / f"{name}.json"
     data = fs.pretty_json(record)
     if path.exists() and path.read_bytes() == data:
         return False
@@ -192,7 +236,7 @@ def write_root(root: Root, recipe: Recipe, entries: list[str]) -> bool:
 
 
 def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: list[Unpacked],
-                  started: float) -> Path:
+                  report: dict[str, Any]) -> Path:
     import platform
     import sys
     body: dict[str, Any] = {
@@ -206,7 +250,7 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
         "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
         "tree": outcome.tree, "profile": str(outcome.profile),
         "refs": [f"entry:{e}" for e in outcome.entries],
-        "counts": outcome.counts, "timings": outcome.timings,
+        "counts": outcome.counts, "timings": outcome.timings, **report,
     }
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     digest = fs.sha256_bytes(fs.canonical_json(body))[:12]

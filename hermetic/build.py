@@ -1,0 +1,208 @@
+"""Build one extension module: plan torch's commands, reuse what the object store certifies, compile the
+rest with ninja under the recipe's limits, link, and write the build's certificate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from . import fs
+from .errors import WorkFailed
+from .flags import BuildPlan, Compile, plan_extension
+from .interpreter import host_identity
+from .keys import KEY_ENV
+from .objects import Decision, ObjectCache, producer_record
+from .procs import Limits, run_limited
+from .recipe import Extension, Recipe, Variant
+from .reporter import Reporter
+from .root import Root
+from .store import Store, entry_name
+from .toolchain import ToolchainInfo
+
+MODULE_VERSION = 1
+# Passed through to compilers (and part of every object key); everything else of the caller's environment
+# that could steer a compiler is dropped: no system CUDA, no CC/CXX, no LD_LIBRARY_PATH.
+PASSED_ENV = tuple(k for k in KEY_ENV if k != "PATH")
+
+
+@dataclass
+class BuiltModule:
+    module: str
+    filename: str                  # module file name in the environment: NAME + the interpreter's suffix
+    entry: str                     # the module's store entry
+    digest: str                    # sha256 of the module file
+    certificate: str               # sha256 of the certificate's uncompressed bytes
+    certificate_blob: str          # blob holding the zstd-compressed certificate
+    decisions: list[Decision] = field(default_factory=list)
+    linked: bool = False
+
+    def counts(self) -> dict[str, int]:
+        c: dict[str, int] = {"objects": len(self.decisions)}
+        for d in self.decisions:
+            c[d.decision] = c.get(d.decision, 0) + 1
+        return c
+
+
+def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
+    env = root.child_env({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
+    env["PATH"] = (f"{tc.cuda_home / 'bin'}:" if tc else "") + "/usr/bin:/bin"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU is visible to a build
+    if tc is not None:
+        env["CUDA_HOME"] = env["CUDA_PATH"] = str(tc.cuda_home)
+    return env
+
+
+def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
+                    facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: dict[str, Any],
+                    src_root: Path, tree_files: list[str], reporter: Reporter) -> BuiltModule:
+    build_dir = root.path / "build" / recipe.name / variant.name / ext.name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    archs = recipe.toolchain.archs if recipe.toolchain else ()
+    plan = plan_extension(ext, variant, facts, tc.cuda_home if tc else None, archs, src_root, tree_files,
+                          build_dir)
+    env = build_env(root, tc)
+    cache = ObjectCache(root, store, toolchain_id, env)
+    decisions = [cache.find(c) for c in plan.compiles]
+    for d in decisions:
+        if d.decision != "compiled":
+            cache.place(d)
+    todo = [d for d in decisions if d.decision == "compiled"]
+    reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - len(todo)} "
+                            f"reused, {len(todo)} to compile", module=plan.module, objects=len(plan.compiles),
+                   reused=len(plan.compiles) - len(todo), to_compile=len(todo))
+    if todo:
+        _compile(root, build_dir, [d.compile for d in todo], env, recipe, reporter, plan.module)
+        producer = producer_record(recipe.name, variant.name, plan.module)
+        for i, d in enumerate(decisions):
+            if d.decision == "compiled":
+                recorded = cache.record(d.compile, producer)
+                recorded.reason = d.reason
+                decisions[i] = recorded
+    cache.hasher.save()
+    return _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter)
+
+
+def _compile(root: Root, build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
+             reporter: Reporter, module: str) -> None:
+    for c in compiles:  # a stale object must not look up to date to ninja: hermetic decided to compile
+        for p in (c.object, c.depfile):
+            if os.path.lexists(p):
+                os.unlink(p)
+        Path(c.object).parent.mkdir(parents=True, exist_ok=True)
+    lines = ["ninja_required_version = 1.3", "", "rule compile",
+             "  command = $cmd", "  depfile = $out.d", "  description = $desc", ""]
+    for c in compiles:
+        lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
+                  f"  cmd = {_ninja_escape(shlex.join(c.command()))}",
+                  f"  desc = {'nvcc' if c.cuda else 'c++'} {c.rel}"]
+    ninja_file = build_dir / "build.ninja"
+    text = "\n".join(lines) + "\n"
+    if not (ninja_file.exists() and ninja_file.read_text() == text):
+        fs.atomic_write(ninja_file, text.encode(), durable=False)
+    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
+    task = reporter.task(f"compiling {module}", len(compiles), "objects")
+    status = re.compile(r"^\[(\d+)/(\d+)\]")
+    done = [0]
+
+    def on_line(line: str) -> None:
+        m = status.match(line)
+        if m and int(m.group(1)) > done[0]:
+            task.advance(int(m.group(1)) - done[0])
+            done[0] = int(m.group(1))
+
+    env = {**env, "NINJA_STATUS": "[%f/%t] "}
+    try:
+        rc, tail = run_limited([_ninja(), "-j", str(recipe.limits.jobs), "-f", str(ninja_file)],
+                               cwd=str(build_dir), env=env, limits=limits, on_line=on_line)
+    finally:
+        task.close()
+    if rc != 0:
+        failed = [ln for ln in tail if ln.startswith("FAILED:")]
+        detail = "\n".join(ln for ln in tail if not ln.startswith("[") or "FAILED" in ln)[-4000:]
+        raise WorkFailed(f"compiling {module} failed ({len(failed)} objects):\n{detail}",
+                         where=str(ninja_file), hint="fix the compile error above; objects that built are kept")
+
+
+def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
+                      facts: dict[str, Any], decisions: list[Decision], env: dict[str, str],
+                      toolchain_id: dict[str, Any], reporter: Reporter) -> BuiltModule:
+    digests = [d.meta["object"] if d.meta else fs.sha256_file(Path(d.compile.object))[0] for d in decisions]
+    link_key_argv = [a if a not in {d.compile.object for d in decisions} and a != plan.output else "<OBJ>"
+                     for a in plan.link_argv]
+    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
+                                             "toolchain": toolchain_id, "link": link_key_argv,
+                                             "objects": digests}))
+    filename = plan.module + facts["ext_suffix"]
+    name = entry_name(key, f"mod-{plan.module}")
+    linked = False
+    with store.build_entry(name) as staging:
+        if staging is not None:
+            limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
+            rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=env,
+                                   limits=limits, on_line=lambda _line: None)
+            if rc != 0:
+                raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
+                                 hint="see the linker's message above")
+            so_digest = store.put_blob_bytes(Path(plan.output).read_bytes())
+            staging.meta.update({"kind": "module", "module": plan.module, "file": filename, "so": so_digest,
+                                 "host": host_identity(facts),
+                                 "refs": [f"blob:{so_digest}", *(f"entry:{d.entry}" for d in decisions if d.entry)]})
+            linked = True
+    meta = store.entry_meta(name)
+    cert = _certificate(recipe, variant, plan, facts, toolchain_id, decisions, meta["so"])
+    raw = fs.canonical_json(cert)
+    cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
+    store.temproots.add(f"blob:{cert_blob}")
+    return BuiltModule(plan.module, filename, name, meta["so"], fs.sha256_bytes(raw), cert_blob, decisions,
+                       linked)
+
+
+def _certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[str, Any],
+                 toolchain_id: dict[str, Any], decisions: list[Decision], so_digest: str) -> dict[str, Any]:
+    objects = []
+    for d in decisions:
+        meta = d.meta or {}
+        objects.append({"source": d.compile.rel, "object": d.compile.object, "decision": d.decision,
+                        "entry": d.entry, "key": meta.get("key"), "digest": meta.get("object"),
+                        "waived": d.waived, "reason": d.reason, "first_built_by": meta.get("built_by"),
+                        "inputs": meta.get("inputs", [])})
+    return {"format": 1, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
+            "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
+            "link": list(plan.link_argv), "objects": objects}
+
+
+def read_certificate(store: Store, blob: str) -> dict[str, Any]:
+    data = zstandard.ZstdDecompressor().decompress(store.blob_path(blob).read_bytes(), max_output_size=1 << 31)
+    cert: dict[str, Any] = json.loads(data)
+    return cert
+
+
+def _ninja() -> str:
+    try:
+        import ninja
+        path = os.path.join(ninja.BIN_DIR, "ninja")
+        if os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if found is None:
+        raise WorkFailed("ninja is not installed", hint="pip install ninja")
+    return found
+
+
+def _ninja_escape(text: str) -> str:
+    return text.replace("$", "$$").replace("\n", "$\n")
+
+
+def _ninja_path(path: str) -> str:
+    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")

@@ -1,0 +1,220 @@
+"""Certified object reuse: compiled objects in the store, found by input hash, every reuse proven.
+
+An *object entry* records one compile: the lookup key (toolchain, command without defines and output,
+the environment variables that change compiler output), the defines, and every input the compiler read
+(its full -MD dependency list, system headers included) with the hash of its content: raw bytes under debug
+or line-info flags, else the bytes with comments removed and every line kept. ``index/<lookup>/`` lists
+the entries compiled under a lookup key; a compile reuses one when every recorded input still hashes the
+same and, where the defines differ (another variant), no differing identifier occurs in any input or in
+the rest of the command. Inputs using __DATE__, __TIME__ or __TIMESTAMP__ are never recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import fs
+from .flags import Compile
+from .keys import (
+    KEY_ENV,
+    TEMPORAL,
+    differing_defines,
+    identifier_re,
+    is_debug,
+    lookup_key,
+    object_key,
+    parse_depfile,
+    split_defines,
+    strip_comments,
+)
+from .root import Root
+from .store import Store, entry_name
+
+RAW, STRIPPED = "raw", "stripped"
+
+
+class InputHasher:
+    """Content hashes of input files, trusted while their stat fingerprint is unchanged (state/hashes.json)."""
+
+    def __init__(self, root: Root) -> None:
+        self.path = root.state / "hashes.json"
+        try:
+            self.cache: dict[str, list[Any]] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.cache = {}
+        self.dirty = False
+        self.rehashed = 0
+
+    def hash(self, path: str, mode: str) -> str | None:
+        """sha256 of the file's bytes (raw) or of its comment-stripped bytes; None if it is gone."""
+        fp = fs.fingerprint(path)
+        if fp is None:
+            return None
+        rec = self.cache.get(path)
+        if rec is None or rec[0] != list(fp):
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                return None
+            rec = [list(fp), fs.sha256_bytes(data), None]
+            if path.endswith((".o", ".so", ".a")):
+                rec[2] = rec[1]
+            self.cache[path] = rec
+            self.dirty = True
+            self.rehashed += 1
+        if mode == STRIPPED and rec[2] is None:
+            rec[2] = fs.sha256_bytes(strip_comments(Path(path).read_bytes()))
+            self.dirty = True
+        return str(rec[1] if mode == RAW else rec[2])
+
+    def save(self) -> None:
+        if self.dirty:
+            fs.atomic_write(self.path, fs.canonical_json(self.cache), durable=False)
+            self.dirty = False
+
+
+@dataclass
+class Decision:
+    compile: Compile
+    decision: str                    # compiled, reused, reused-variant, fetched-remote, compiled-uncacheable
+    entry: str | None = None         # the object entry used or recorded
+    waived: list[str] = field(default_factory=list)
+    reason: str = ""                 # why it was compiled (for --explain)
+    meta: dict[str, Any] | None = None
+
+
+class ObjectCache:
+    def __init__(self, root: Root, store: Store, toolchain: dict[str, Any], env: dict[str, str]) -> None:
+        self.root, self.store, self.toolchain, self.env = root, store, toolchain, env
+        self.hasher = InputHasher(root)
+        self.index = store.path / "index"
+        self._scan: dict[tuple[str, str], bool] = {}
+
+    def _lookup(self, c: Compile) -> str:
+        return lookup_key("nvcc" if c.cuda else "cxx", c.argv, self.env, self.toolchain)
+
+    def find(self, c: Compile) -> Decision:
+        """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""
+        lk = self._lookup(c)
+        folder = self.index / lk[:2] / lk
+        names = sorted(os.listdir(folder)) if folder.is_dir() else []
+        _rest, defines = split_defines(c.argv)
+        candidates = []
+        for name in names:
+            if not self.store.use(name):
+                continue
+            meta = self.store.entry_meta(name)
+            if all(self.hasher.hash(p, mode) == h for p, mode, h in meta["inputs"]):
+                candidates.append(meta)
+        if not names:
+            return Decision(c, "compiled", reason="no object compiled with this command and toolchain")
+        if not candidates:
+            return Decision(c, "compiled", reason="an input changed since the stored objects were compiled")
+        # an exact match first, then one from another variant whose differing defines can be waived
+        for meta in candidates:
+            if not differing_defines(defines, meta["defines"]):
+                return self._use(c, meta, "reused", [])
+        for meta in candidates:
+            diff = differing_defines(defines, meta["defines"])
+            blocker = self._waiver_blocker(c, meta, diff)
+            if blocker is None:
+                return self._use(c, meta, "reused-variant", diff)
+        return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}")
+
+    def _waiver_blocker(self, c: Compile, meta: dict[str, Any], names: list[str]) -> str | None:
+        """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
+        rest, _d = split_defines(c.argv)
+        pattern = identifier_re(names)
+        others = " ".join(rest) + " " + " ".join(self.env.get(k, "") for k in ("NVCC_PREPEND_FLAGS",
+                                                                                 "NVCC_APPEND_FLAGS"))
+        if pattern.search(others.encode()):
+            return "one of them appears in the rest of the command"
+        key = ",".join(names)
+        for path, _mode, h in meta["inputs"]:
+            hit = self._scan.get((h + path, key))
+            if hit is None:
+                try:
+                    hit = pattern.search(Path(path).read_bytes()) is not None
+                except OSError:
+                    hit = True
+                self._scan[(h + path, key)] = hit
+            if hit:
+                return f"{path} mentions one of them"
+        return None
+
+    def _use(self, c: Compile, meta: dict[str, Any], decision: str, waived: list[str]) -> Decision:
+        digest = meta["object"]
+        blob = self.store.blob_path(digest)
+        if not blob.exists() or fs.sha256_file(blob)[0] != digest:  # re-hashed at every use
+            trash = self.store.invalidate(meta["name"])
+            if trash is not None:
+                fs.remove_tree(trash)
+            if blob.exists():
+                os.chmod(blob, 0o644)
+                blob.unlink()
+            return Decision(c, "compiled", reason=f"stored object {digest[:12]}… was corrupt; removed it")
+        return Decision(c, decision, meta["name"], waived, meta=meta)
+
+    def record(self, c: Compile, producer: dict[str, Any]) -> Decision:
+        """After a compile: store the object with its full input list (unless time macros make it unfit)."""
+        deps = parse_depfile(Path(c.depfile).read_text())
+        cwd = os.path.dirname(c.object)
+        paths = [d if os.path.isabs(d) else os.path.normpath(os.path.join(cwd, d)) for d in deps]
+        mode = RAW if is_debug(c.argv) else STRIPPED
+        inputs = []
+        for p in paths:
+            h = self.hasher.hash(p, mode)
+            if h is None:
+                return Decision(c, "compiled-uncacheable", reason=f"input {p} vanished during the build")
+            inputs.append([p, mode, h])
+        for p in paths:
+            if TEMPORAL.search(strip_comments(Path(p).read_bytes())):
+                return Decision(c, "compiled-uncacheable", reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
+        lk = self._lookup(c)
+        rest, defines = split_defines(c.argv)
+        name = entry_name(object_key(lk, defines, inputs), "obj-" + os.path.basename(c.object))
+        obj = Path(c.object)
+        digest, size = fs.sha256_file(obj)
+        with self.store.build_entry(name) as staging:
+            if staging is not None:
+                if not self.store.has_blob(digest):
+                    # the blob must be its own inode: a later compile rewrites the build folder's object
+                    with fs.scratch_file(self.store.tmp, "obj-") as tmp:
+                        shutil.copyfile(obj, tmp)
+                        self.store.put_blob_file(tmp, digest)
+                staging.meta.update({"kind": "object", "name": name, "key": object_key(lk, defines, inputs),
+                                     "lookup": lk, "source": c.rel,
+                                     "object": digest, "size": size, "inputs": inputs,
+                                     "defines": dict(sorted(defines.items())), "argv": rest,
+                                     "env": {k: self.env[k] for k in KEY_ENV if k in self.env},
+                                     "toolchain": self.toolchain, "built_by": producer,
+                                     "refs": [f"blob:{digest}"]})
+        link = self.index / lk[:2] / lk / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            tmp_link = link.with_name(f".{name}.{os.getpid()}")
+            if tmp_link.is_symlink():
+                tmp_link.unlink()
+            os.symlink(os.path.relpath(self.store.entry_path(name), link.parent), tmp_link)
+            os.replace(tmp_link, link)
+        return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
+
+    def place(self, d: Decision) -> None:
+        """Put a reused object where the link step expects it (a hard link to its blob)."""
+        assert d.meta is not None
+        obj = Path(d.compile.object)
+        obj.parent.mkdir(parents=True, exist_ok=True)
+        if obj.exists() or obj.is_symlink():
+            obj.unlink()
+        fs.link_or_copy(self.store.blob_path(d.meta["object"]), obj)
+
+
+def producer_record(recipe: str, variant: str, module: str) -> dict[str, Any]:
+    return {"recipe": recipe, "variant": variant, "module": module, "host": os.uname().nodename,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

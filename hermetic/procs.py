@@ -1,0 +1,94 @@
+"""Child processes under limits, in their own process group, that never outlive hermetic.
+
+Limits (CPU affinity, nice, an address-space limit) are applied by a tiny exec shim, so every compiler the
+build starts inherits them and hermetic itself stays unlimited; no preexec_fn runs in a threaded parent.
+The group dies with hermetic however hermetic ends: a reaper process in its own session waits on a pipe
+from hermetic and kills the group when the pipe closes without the word "done" (kill -9 included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+_SHIM = r"""
+import json, os, resource, sys
+lim = json.loads(sys.argv[1])
+if lim.get("cpus"):
+    os.sched_setaffinity(0, [c for c in lim["cpus"] if c in os.sched_getaffinity(0)] or lim["cpus"])
+if lim.get("nice"):
+    os.nice(lim["nice"])
+if lim.get("address_space"):
+    resource.setrlimit(resource.RLIMIT_AS, (lim["address_space"], lim["address_space"]))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+_REAPER = r"""
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pgid = int(sys.argv[1])
+said = sys.stdin.buffer.read()
+if said != b"done":
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: tuple[int, ...] | None = None
+    nice: int = 0
+    address_space: int | None = None
+
+
+def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
+                on_line: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run ``argv`` in a new process group under ``limits``; stream its output lines; return (rc, tail)."""
+    shim = [sys.executable, "-S", "-c", _SHIM,
+            json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
+                        "address_space": limits.address_space}), *argv]
+    proc = subprocess.Popen(shim, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    reaper = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={"PATH": "/usr/bin:/bin"})
+    tail: list[str] = []
+    finished = False
+    try:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            tail.append(line)
+            del tail[:-400]
+            on_line(line)
+        rc = proc.wait()
+        finished = True
+        return rc, tail
+    finally:
+        if not finished:  # interrupted: stop the whole group now, not when the reaper notices
+            _kill_group(proc.pid)
+            proc.wait()
+        assert reaper.stdin is not None
+        try:
+            reaper.stdin.write(b"done" if finished else b"")
+            reaper.stdin.close()
+        except BrokenPipeError:
+            pass
+        reaper.wait()
+
+
+def _kill_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
