@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,19 +81,26 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
                             f"reused, {len(todo)} to compile", module=plan.module, objects=len(plan.compiles),
                    reused=len(plan.compiles) - len(todo), to_compile=len(todo))
     if todo:
-        _compile(root, build_dir, [d.compile for d in todo], env, recipe, reporter, plan.module)
         producer = producer_record(recipe.name, variant.name, plan.module)
-        for i, d in enumerate(decisions):
-            if d.decision == "compiled":
-                recorded = cache.record(d.compile, producer)
-                recorded.reason = d.reason
-                decisions[i] = recorded
+        index = {d.compile.rel: i for i, d in enumerate(decisions)}
+
+        def finished(rel: str) -> None:
+            # recorded as each compile finishes, so an interrupted build keeps what it compiled
+            i = index[rel]
+            recorded = cache.record(decisions[i].compile, producer)
+            recorded.reason = decisions[i].reason
+            decisions[i] = recorded
+
+        try:
+            _compile(build_dir, [d.compile for d in todo], env, recipe, reporter, plan.module, finished)
+        finally:
+            cache.hasher.save()
     cache.hasher.save()
     return _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter)
 
 
-def _compile(root: Root, build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
-             reporter: Reporter, module: str) -> None:
+def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
+             reporter: Reporter, module: str, finished: Callable[[str], None]) -> None:
     for c in compiles:  # a stale object must not look up to date to ninja: hermetic decided to compile
         for p in (c.object, c.depfile):
             if os.path.lexists(p):
@@ -103,21 +111,21 @@ def _compile(root: Root, build_dir: Path, compiles: list[Compile], env: dict[str
     for c in compiles:
         lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
                   f"  cmd = {_ninja_escape(shlex.join(c.command()))}",
-                  f"  desc = {'nvcc' if c.cuda else 'c++'} {c.rel}"]
+                  f"  desc = compiled {c.rel}"]
     ninja_file = build_dir / "build.ninja"
     text = "\n".join(lines) + "\n"
     if not (ninja_file.exists() and ninja_file.read_text() == text):
         fs.atomic_write(ninja_file, text.encode(), durable=False)
     limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
     task = reporter.task(f"compiling {module}", len(compiles), "objects")
-    status = re.compile(r"^\[(\d+)/(\d+)\]")
-    done = [0]
+    # without a terminal, ninja prints an edge's description when it finishes successfully
+    status = re.compile(r"^\[(\d+)/(\d+)\] compiled (.+)$")
 
     def on_line(line: str) -> None:
         m = status.match(line)
-        if m and int(m.group(1)) > done[0]:
-            task.advance(int(m.group(1)) - done[0])
-            done[0] = int(m.group(1))
+        if m:
+            task.advance(1)
+            finished(m.group(3))
 
     env = {**env, "NINJA_STATUS": "[%f/%t] "}
     try:

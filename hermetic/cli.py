@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -69,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    # SIGTERM's default kills Python without running `finally`: raise instead, so builds stop cleanly
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     # `hermetic env RECIPE -- CMD ...`: everything after the first `--` belongs to the command

@@ -2,8 +2,9 @@
 
 Limits (CPU affinity, nice, an address-space limit) are applied by a tiny exec shim, so every compiler the
 build starts inherits them and hermetic itself stays unlimited; no preexec_fn runs in a threaded parent.
-The group dies with hermetic however hermetic ends: a reaper process in its own session waits on a pipe
-from hermetic and kills the group when the pipe closes without the word "done" (kill -9 included).
+The build dies with hermetic however hermetic ends: a reaper process in its own session waits on a pipe
+from hermetic and kills the build's whole session when the pipe closes without the word "done" (kill -9
+included).
 """
 
 from __future__ import annotations
@@ -29,17 +30,40 @@ if lim.get("address_space"):
 os.execvp(sys.argv[2], sys.argv[2:])
 """
 
-_REAPER = r"""
-import os, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-pgid = int(sys.argv[1])
-said = sys.stdin.buffer.read()
-if said != b"done":
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+# ninja starts each command in a process group of its own, so the build is found by its session (the
+# child is a session leader): every process whose session id is the leader's pid belongs to it.
+_SESSION_KILL = r"""
+def kill_session(sid):
+    import os, signal
+    for _ in range(50):
+        found = False
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid:
+                found = True
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if not found:
+            return
 """
+
+_REAPER = _SESSION_KILL + r"""
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.stdin.buffer.read() != b"done":
+    kill_session(int(sys.argv[1]))
+"""
+_scope: dict[str, object] = {}
+exec(_SESSION_KILL, _scope)  # one definition, used here and inside the reaper
 
 
 @dataclass(frozen=True)
@@ -85,10 +109,13 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         reaper.wait()
 
 
-def _kill_group(pgid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
+def _kill_group(sid: int) -> None:
+    """Stop the build: ask ninja to stop its commands, then kill whatever is left of its session."""
+    try:
+        os.kill(sid, signal.SIGTERM)
         time.sleep(0.5)
+    except ProcessLookupError:
+        pass
+    kill = _scope["kill_session"]
+    assert callable(kill)
+    kill(sid)

@@ -100,7 +100,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
 
 def _chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
     if variant is None:
-        return list(recipe.variants)
+        return [v for v in recipe.variants if v.default]
     found = [v for v in recipe.variants if v.name == variant]
     if not found:
         raise BadInput(f"recipe {recipe.name} has no variant {variant!r}", where=str(recipe.path),

@@ -69,6 +69,7 @@ class Variant:
     defines: tuple[tuple[str, str], ...] = ()
     cflags: tuple[str, ...] = ()
     cuda_cflags: tuple[str, ...] = ()
+    default: bool = True           # realized without --variant
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) ->
 def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Extension, ...]) -> Variant:
     kp: KeyPath = ("variants", name)
     t = expect_type(doc, raw, dict, kp)
-    check_keys(doc, t, {"module", "patches", "defines", "cflags", "cuda_cflags"}, kp)
+    check_keys(doc, t, {"module", "patches", "defines", "cflags", "cuda_cflags", "default"}, kp)
     if not NAME_RE.match(name):
         raise BadInput(f"variant name {name!r} is not a plain name", where=doc.where(*kp),
                        hint="letters, digits, '.', '_' and '-'")
@@ -279,8 +280,9 @@ def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Ext
             raise BadInput(f"module {module!r} is not a Python module name", where=doc.where(*kp, "module"),
                            hint="letters, digits and _")
     patches = tuple(_file(doc, folder, p, (*kp, "patches", i)) for i, p in enumerate(_strings(doc, t, "patches", kp)))
+    default = get_key(doc, t, "default", bool, kp)
     return Variant(name, module, patches, _defines(doc, t, kp), tuple(_strings(doc, t, "cflags", kp)),
-                   tuple(_strings(doc, t, "cuda_cflags", kp)))
+                   tuple(_strings(doc, t, "cuda_cflags", kp)), True if default is None else default)
 
 
 def _distinct_modules(doc: TomlDoc, exts: tuple[Extension, ...], variants: tuple[Variant, ...]) -> None:
