@@ -91,8 +91,10 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
             recorded.reason = decisions[i].reason
             decisions[i] = recorded
 
+        # the longest compiles first (most inputs last time, else largest source): a shorter critical path
+        order = sorted(todo, key=lambda d: (-(d.weight or 0), -os.path.getsize(d.compile.source)))
         try:
-            _compile(build_dir, [d.compile for d in todo], env, recipe, reporter, plan.module, finished)
+            _compile(build_dir, [d.compile for d in order], env, recipe, reporter, plan.module, finished)
         finally:
             cache.hasher.save()
     cache.hasher.save()

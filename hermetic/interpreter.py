@@ -19,14 +19,14 @@ from . import fs
 from .errors import BadInput, PreconditionFailed
 from .root import Root
 
-FACTS_VERSION = 2
+FACTS_VERSION = 3
 
 # Runs inside the host interpreter. It reads torch's own build helpers, so hermetic builds with exactly the
 # flags torch.utils.cpp_extension would use for this torch (its private helpers are read defensively).
 _PROBE = r"""
 import inspect, json, os, platform, re, sys, sysconfig
 out = {"python": platform.python_version(), "implementation": sys.implementation.name,
-       "executable": os.path.realpath(sys.executable), "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+       "executable": sys.executable, "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
        "python_include": sysconfig.get_path("include", scheme="posix_prefix"), "machine": platform.machine(),
        "soabi": sysconfig.get_config_var("SOABI"), "torch": None}
 try:
@@ -71,7 +71,8 @@ def host_python(python: str | None) -> Path:
 
 def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, Any]:
     """The host interpreter's facts, from the cache when neither the interpreter nor torch changed."""
-    exe = host_python(python).resolve()
+    # not resolved: a venv's python is a symlink, and resolving it would lose the venv's site-packages
+    exe = Path(os.path.abspath(host_python(python)))
     cache = root.state / "interpreters" / (fs.sha256_bytes(str(exe).encode())[:24] + ".json")
     try:
         cached = json.loads(cache.read_text())

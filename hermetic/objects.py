@@ -62,16 +62,27 @@ class InputHasher:
                 data = Path(path).read_bytes()
             except OSError:
                 return None
-            rec = [list(fp), fs.sha256_bytes(data), None]
-            if path.endswith((".o", ".so", ".a")):
-                rec[2] = rec[1]
+            rec = [list(fp), fs.sha256_bytes(data), None, False]
             self.cache[path] = rec
             self.dirty = True
             self.rehashed += 1
         if mode == STRIPPED and rec[2] is None:
-            rec[2] = fs.sha256_bytes(strip_comments(Path(path).read_bytes()))
-            self.dirty = True
+            self._strip(path, rec)
         return str(rec[1] if mode == RAW else rec[2])
+
+    def temporal(self, path: str) -> bool:
+        """Whether the file uses __DATE__, __TIME__ or __TIMESTAMP__ outside comments (cached with its hash)."""
+        if self.hash(path, RAW) is None:
+            return True
+        rec = self.cache[path]
+        if len(rec) < 4 or rec[2] is None:
+            self._strip(path, rec)
+        return bool(rec[3])
+
+    def _strip(self, path: str, rec: list[Any]) -> None:
+        stripped = strip_comments(Path(path).read_bytes())
+        rec[2:] = [fs.sha256_bytes(stripped), TEMPORAL.search(stripped) is not None]
+        self.dirty = True
 
     def save(self) -> None:
         if self.dirty:
@@ -87,6 +98,7 @@ class Decision:
     waived: list[str] = field(default_factory=list)
     reason: str = ""                 # why it was compiled (for --explain)
     meta: dict[str, Any] | None = None
+    weight: int = 0                  # inputs the last compile of this source read: a proxy for its cost
 
 
 class ObjectCache:
@@ -116,6 +128,7 @@ class ObjectCache:
             return Decision(c, "compiled", reason="no object compiled with this command and toolchain")
         if not candidates:
             return Decision(c, "compiled", reason="an input changed since the stored objects were compiled")
+        weight = max(len(m["inputs"]) for m in candidates)
         # an exact match first, then one from another variant whose differing defines can be waived
         for meta in candidates:
             if not differing_defines(defines, meta["defines"]):
@@ -125,7 +138,7 @@ class ObjectCache:
             blocker = self._waiver_blocker(c, meta, diff)
             if blocker is None:
                 return self._use(c, meta, "reused-variant", diff)
-        return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}")
+        return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}", weight=weight)
 
     def _waiver_blocker(self, c: Compile, meta: dict[str, Any], names: list[str]) -> str | None:
         """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
@@ -174,7 +187,7 @@ class ObjectCache:
                 return Decision(c, "compiled-uncacheable", reason=f"input {p} vanished during the build")
             inputs.append([p, mode, h])
         for p in paths:
-            if TEMPORAL.search(strip_comments(Path(p).read_bytes())):
+            if self.hasher.temporal(p):
                 return Decision(c, "compiled-uncacheable", reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
         lk = self._lookup(c)
         rest, defines = split_defines(c.argv)
