@@ -62,11 +62,15 @@ def is_debug(argv: Sequence[str]) -> bool:
     return any(a in DEBUG_FLAGS or a.startswith("-g") and a[2:].isdigit() for a in argv)
 
 
+def key_env(kind: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The variables that change this compiler's output (nvcc's own only for nvcc)."""
+    return {k: env[k] for k in KEY_ENV if k in env and (kind == "nvcc" or not k.startswith("NVCC_"))}
+
+
 def lookup_key(kind: str, argv: Sequence[str], env: Mapping[str, str], toolchain: Mapping[str, Any]) -> str:
     """What must be equal for two compiles to be compared input by input: all but defines and inputs."""
     rest, _defines = split_defines(argv)
-    return sha256_bytes(canonical_json({"salt": SALT, "kind": kind, "argv": rest,
-                                        "env": {k: env[k] for k in KEY_ENV if k in env},
+    return sha256_bytes(canonical_json({"salt": SALT, "kind": kind, "argv": rest, "env": key_env(kind, env),
                                         "toolchain": dict(toolchain)}))
 
 

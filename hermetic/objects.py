@@ -22,11 +22,11 @@ from typing import Any
 from . import fs
 from .flags import Compile
 from .keys import (
-    KEY_ENV,
     TEMPORAL,
     differing_defines,
     identifier_re,
     is_debug,
+    key_env,
     lookup_key,
     object_key,
     parse_depfile,
@@ -205,7 +205,7 @@ class ObjectCache:
                                      "lookup": lk, "source": c.rel,
                                      "object": digest, "size": size, "inputs": inputs,
                                      "defines": dict(sorted(defines.items())), "argv": rest,
-                                     "env": {k: self.env[k] for k in KEY_ENV if k in self.env},
+                                     "env": key_env("nvcc" if c.cuda else "cxx", self.env),
                                      "toolchain": self.toolchain, "built_by": producer,
                                      "refs": [f"blob:{digest}"]})
         link = self.index / lk[:2] / lk / name

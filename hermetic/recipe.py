@@ -287,7 +287,8 @@ def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Ext
 
 def _distinct_modules(doc: TomlDoc, exts: tuple[Extension, ...], variants: tuple[Variant, ...]) -> None:
     seen: dict[str, str] = {}
-    for v in variants or (Variant("default"),):
+    # variants realized together (the default ones) must build distinct modules; others realize alone
+    for v in [v for v in variants if v.default] or [Variant("default")]:
         for e in exts:
             mod = v.module or e.name
             if mod in seen:

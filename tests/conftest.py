@@ -115,3 +115,14 @@ def store_listing(root: Path) -> dict[str, tuple[int, int]]:
             st = p.lstat()
             out[str(p.relative_to(store))] = (st.st_size, st.st_mtime_ns if p.is_file() else 0)
     return out
+
+
+@pytest.fixture(scope="session")
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scratch root whose CUDA toolchain is realized once for the whole session (pip's own index)."""
+    root = tmp_path_factory.mktemp("shared") / "root"
+    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "realize",
+                        str(REPO / "recipes" / "toolchain.toml")], capture_output=True, text=True, cwd=REPO,
+                       timeout=900)
+    assert p.returncode == 0, p.stderr
+    return root

@@ -1,0 +1,1 @@
+const char* build_time() { return __TIME__; }

@@ -1,0 +1,2 @@
+#include "name.h"
+int named_value() { return named_constant(); }

@@ -1,0 +1,2 @@
+#include "common.h"
+int other_value() { return scale(5); }

@@ -1,0 +1,3 @@
+#pragma once
+#include "common.h"
+static inline int twice(int x) { return 2 * scale(x); }

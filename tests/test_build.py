@@ -1,0 +1,237 @@
+"""Hermetic extension builds: recipes/p2p.toml from an empty root with the wheel toolchain, no system CUDA
+anywhere, the no-op, the recipe's limits on live compilers, and torch-identical compile commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, store_listing, tree_snapshot
+from tests.support.builds import DATA, Project
+
+P2P = REPO / "recipes" / "p2p.toml"
+
+
+def _hermetic(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=REPO, timeout=900)
+
+
+def _tripwire(folder: Path) -> tuple[dict[str, str], Path]:
+    """A system-CUDA trap: an nvcc first on PATH and CUDA_HOME at /usr/local/cuda; the marker proves a use."""
+    folder.mkdir()
+    marker = folder / "tripped"
+    (folder / "nvcc").write_text(f"#!/bin/sh\ntouch {marker}\nexit 99\n")
+    (folder / "nvcc").chmod(0o755)
+    env = {"PATH": f"{folder}:{os.environ['PATH']}", "CUDA_HOME": "/usr/local/cuda", "CUDA_PATH": "/usr/local/cuda",
+           "LD_LIBRARY_PATH": "/usr/local/cuda/lib64"}
+    return env, marker
+
+
+@pytest.fixture(scope="module")
+def p2p_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("p2p")
+    env, marker = _tripwire(base / "trip")
+    root = base / "root"
+    p = _hermetic(root, "realize", str(P2P), "--json", env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert not marker.exists(), "the system nvcc was run"
+    return root, marker
+
+
+def test_p2p_builds_from_an_empty_root_and_imports(p2p_root: tuple[Path, Path]) -> None:
+    root, _marker = p2p_root
+    receipt = json.loads(sorted((root / "receipts").glob("p2p-*.json"))[-1].read_text())
+    assert receipt["modules"][0]["counts"] == {"objects": 2, "compiled": 2}
+    check = receipt["import_check"]
+    assert check["cuda_initialized"] is False and check["system_cuda"] == []
+    assert all(not lib.startswith("/usr/local/cuda") for lib in check["cuda_libraries"])
+    code = ("import torch, hermetic_p2p as p; a = torch.arange(8.); b = torch.empty(8); p.cpu_copy(b, a); "
+            "p.accumulate(b, a); assert torch.equal(b, 2 * a); assert p.device_count() == 0; "
+            "assert not torch.cuda.is_initialized(); print('ok')")
+    env = {**os.environ, "PYTHONPATH": str(root / "profiles" / "p2p"), "CUDA_HOME": "/usr/local/cuda"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert p.stdout.strip() == "ok", p.stderr
+
+
+def test_no_system_cuda_in_dependency_files(p2p_root: tuple[Path, Path]) -> None:
+    root, _ = p2p_root
+    depfiles = list((root / "build" / "p2p").rglob("*.o.d"))
+    assert len(depfiles) == 2
+    for d in depfiles:
+        text = d.read_text()
+        assert "/usr/local/cuda" not in text and "/usr/local/include" not in text
+        assert "profiles/p2p.toolchain/nvidia/cu13/include/cuda_runtime" in text
+
+
+def test_second_realize_compiles_nothing_imports_no_torch_rewrites_nothing(p2p_root: tuple[Path, Path],
+                                                                            tmp_path: Path) -> None:
+    root, _ = p2p_root
+    profile = root / "profiles" / "p2p"
+    before, store_before = tree_snapshot(profile), store_listing(root)
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(f"open({str(tmp_path / 'torch-imported')!r}, 'w').close()\n"
+                                                "raise ImportError('the no-op imported torch')\n")
+    imports_cache = sorted((root / "state" / "imports").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in imports_cache]
+    t0 = time.perf_counter()
+    p = _hermetic(root, "realize", str(P2P), "--json", env={"PYTHONPATH": str(fake)})
+    elapsed = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.splitlines()[-1])
+    assert result["changed"] is False and result["counts"]["objects_compiled"] == 0
+    assert not (tmp_path / "torch-imported").exists()
+    assert [q.stat().st_mtime_ns for q in imports_cache] == stamps
+    assert tree_snapshot(profile) == before and store_listing(root) == store_before
+    assert elapsed < 5  # generous: the figure itself is measured in bench/, not here
+
+
+def test_limits_apply_to_live_compilers(tmp_path: Path, shared_root: Path) -> None:
+    proj = Project(tmp_path / "p", "limits", shared_root, limits='cpus = "1"\nnice = 7\naddress_space = "20G"\n')
+    seen: dict[int, dict[str, Any]] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit() or int(pid) in seen:
+                    continue
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                    if not any(b"cicc" in c or b"cc1plus" in c or b"ptxas" in c for c in cmd[:1]) \
+                            or str(shared_root).encode() not in b" ".join(cmd) and b"cc1plus" not in cmd[0]:
+                        continue
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    limits = Path(f"/proc/{pid}/limits").read_text()
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"CUDA_VISIBLE_DEVICES=" not in environ:
+                    continue  # not one of ours
+                seen[int(pid)] = {
+                    "cpus": next(ln.split()[-1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list")),
+                    "nice": int(stat[16]),
+                    "as": next(ln.split()[4] for ln in limits.splitlines() if ln.startswith("Max address space")),
+                    "gpu": b"CUDA_VISIBLE_DEVICES=" in environ}
+            time.sleep(0.005)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        proj.realize()
+    finally:
+        stop.set()
+        t.join()
+    assert seen, "no compiler process was observed"
+    for facts in seen.values():
+        assert facts == {"cpus": "1", "nice": 7, "as": str(20 << 30), "gpu": True}
+
+
+def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) -> None:
+    from hermetic.flags import plan_extension
+    from hermetic.interpreter import qualify
+    from hermetic.recipe import Extension, Variant
+    from hermetic.root import Root
+
+    facts = qualify(Root(shared_root), None, need_torch=True)
+    cuda_home = shared_root / "profiles" / "cuda-13.0" / "nvidia" / "cu13"
+    src = tmp_path / "src"
+    shutil.copytree(DATA / "reuse_src", src)
+    files = sorted(p.name for p in src.iterdir())
+    ext = Extension("fixture_ext", "src", ("*.cpp", "*.cu"), include_dirs=(".",), cflags=("-O2",),
+                    cuda_cflags=("-O3", "--use_fast_math"))
+    plan = plan_extension(ext, Variant("default"), facts, cuda_home, ("9.0",), src, files, tmp_path / "b")
+    ours = {Path(c.source).name: c.command() for c in plan.compiles}
+
+    writer = f"""
+import os
+from torch.utils import cpp_extension as ce
+srcs = {[c.source for c in plan.compiles]!r}
+ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixture_ext', srcs, ['-O2'],
+    ['-O3', '--use_fast_math'], [], ce._prepare_ldflags([], True, False, False, False), [{str(src)!r}],
+    True, False, False)
+"""
+    env = {**os.environ, "CUDA_HOME": str(cuda_home), "TORCH_CUDA_ARCH_LIST": "9.0",
+           "CUDA_INC_PATH": facts["torch"]["nvidia_include"]}
+    env.pop("CXX", None)
+    env.pop("CC", None)
+    p = subprocess.run([sys.executable, "-c", writer], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    theirs = _torch_commands(tmp_path / "torch.ninja")
+    assert set(theirs) == set(ours) | {"<link>"}
+    for name in ours:
+        assert _normalize(ours[name]) == _normalize(theirs[name]), name
+    assert _normalize(list(plan.link_argv)) == _normalize(theirs["<link>"])
+
+
+def _torch_commands(ninja: Path) -> dict[str, list[str]]:
+    text = ninja.read_text()
+    variables = dict(line.split(" = ", 1) for line in text.splitlines() if " = " in line and not line[0].isspace())
+    rules: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("rule "):
+            current = line.split()[1]
+        elif line.startswith("  command = ") and current:
+            rules[current] = line[len("  command = "):]
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if not line.startswith("build "):
+            continue
+        target, _, rest = line[len("build "):].partition(": ")
+        rule, *inputs = rest.split()
+        cmd = rules[rule].replace("$in", " ".join(inputs)).replace("$out", target)
+        for k in sorted(variables, key=len, reverse=True):
+            cmd = cmd.replace(f"${k}", variables[k])
+        out["<link>" if rule == "link" else Path(inputs[0]).name] = shlex.split(cmd)
+    return out
+
+
+def _normalize(argv: list[str]) -> list[str]:
+    """Drop what may differ: output and object paths, dependency-file flags."""
+    out: list[str] = []
+    skip = 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        if a in ("-MD", "-MMD", "--generate-dependencies-with-compile"):
+            continue
+        if a in ("-MF", "--dependency-output"):
+            skip = 1
+            continue
+        if a == "-o":
+            out.append("-o")
+            out.append("<out>")
+            skip = 1
+            continue
+        out.append("<obj>" if a.endswith(".o") else a)
+    return out
+
+
+@pytest.mark.parametrize("lock, cuda, found", [
+    ("runtime-13.5.txt", "13.0", "CUDART_VERSION (nvidia-cuda-runtime headers) 13.5"),
+    ("nvcc-13.5.txt", "13.5", "torch.version.cuda 13.0"),
+])
+def test_toolchain_mismatch_exits_3_before_compiling(tmp_path: Path, shared_root: Path, lock: str, cuda: str,
+                                                     found: str) -> None:
+    proj = Project(tmp_path / "p", f"mismatch-{cuda}", shared_root)
+    shutil.copy(DATA / "locks" / lock, proj.folder / "cuda-13.0-toolchain.txt")
+    proj.recipe.write_text(proj.recipe.read_text().replace('cuda = "13.0"', f'cuda = "{cuda}"'))
+    res = proj.realize(check=False)
+    assert res.rc == 3, res.err
+    assert found in res.err and "nvidia-cuda-runtime==13.0.*" in res.err and "Traceback" not in res.err
+    assert not (shared_root / "build" / f"mismatch-{cuda}").exists() or \
+        not list((shared_root / "build" / f"mismatch-{cuda}").rglob("*.o"))
