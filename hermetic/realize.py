@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, fs
-from .build_recipe import build_recipe
-from .check import import_check
 from .errors import BadInput
 from .inputs import Outcome, noop_check, record_inputs
 from .lockcache import read_lock_cached
@@ -69,6 +67,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     report: dict[str, Any] = {}
     changed = False
     if builds:                                                   # 5-8. toolchain, sources, build, check
+        from .build_recipe import build_recipe  # compilers' machinery only for recipes that build
         result = build_recipe(root, store, recipe, variants, reporter, counts, explain)
         t = lap("build", t)
         files.update({m.filename: (m.digest, False) for m in result.modules})
@@ -78,6 +77,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     tree, built = build_tree(store, name, files, links, refs=refs)
     profile = set_profile(root.profiles, name, store, tree)
     if builds:
+        from .check import import_check
         report["import_check"] = import_check(root, report["host"]["executable"], profile,
                                               [m.module for m in result.modules], tree, result.env)
         t = lap("check", t)
