@@ -73,6 +73,11 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     env = build_env(root, tc)
     cache = ObjectCache(root, store, toolchain_id, env)
     decisions = [cache.find(c) for c in plan.compiles]
+    state = root.state / "builds" / f"{recipe.name}.{variant.name}.{ext.name}.json"
+    previous = _previous_objects(store, state)
+    for d in decisions:  # say which key component changed, where find() only knows that none matched
+        if d.decision == "compiled" and not d.reason.startswith("defines differ"):
+            d.reason = cache.explain(d.compile, previous.get(d.compile.rel))
     for d in decisions:
         if d.decision != "compiled":
             cache.place(d)
@@ -98,7 +103,22 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
         finally:
             cache.hasher.save()
     cache.hasher.save()
-    return _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter)
+    built = _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter)
+    fs.atomic_write(state, fs.canonical_json({"certificate": built.certificate_blob}), durable=False)
+    return built
+
+
+def _previous_objects(store: Store, state: Path) -> dict[str, dict[str, Any]]:
+    """source -> object record of the previous build of this module, for --explain."""
+    try:
+        cert = read_certificate(store, json.loads(state.read_text())["certificate"])
+    except (OSError, ValueError, KeyError, zstandard.ZstdError):
+        return {}
+    out = {}
+    for o in cert["objects"]:
+        if o.get("entry") and store.has_entry(o["entry"]):
+            out[o["source"]] = store.entry_meta(o["entry"])
+    return out
 
 
 def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,

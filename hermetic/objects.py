@@ -140,6 +140,37 @@ class ObjectCache:
                 return self._use(c, meta, "reused-variant", diff)
         return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}", weight=weight)
 
+    def explain(self, c: Compile, previous: dict[str, Any] | None) -> str:
+        """The first key component that differs from the object this source had in the previous build."""
+        if previous is None:
+            return "no previous object of this source"
+        kind = "nvcc" if c.cuda else "cxx"
+        if previous.get("toolchain") != self.toolchain:
+            changed = sorted(k for k in set(self.toolchain) | set(previous.get("toolchain", {}))
+                             if self.toolchain.get(k) != previous.get("toolchain", {}).get(k))
+            return f"the toolchain changed ({', '.join(changed)})"
+        env, old_env = key_env(kind, self.env), previous.get("env", {})
+        for k in sorted(set(env) | set(old_env)):
+            if env.get(k) != old_env.get(k):
+                return f"environment variable {k} changed: {old_env.get(k)!r} -> {env.get(k)!r}"
+        rest, defines = split_defines(c.argv)
+        old = previous.get("argv", [])
+        for i, (a, b) in enumerate(zip(old, rest, strict=False)):
+            if a != b:
+                return f"command argument {i} changed: {a!r} -> {b!r}"
+        if len(old) != len(rest):
+            return f"command changed length: {len(old)} -> {len(rest)} arguments"
+        for path, mode, h in previous.get("inputs", []):
+            now = self.hasher.hash(path, mode)
+            if now is None:
+                return f"input {path} is gone"
+            if now != h:
+                return f"input {path} changed"
+        diff = differing_defines(defines, previous.get("defines", {}))
+        if diff:
+            return f"defines changed: {', '.join(diff)}"
+        return "the stored object is gone or corrupt"
+
     def _waiver_blocker(self, c: Compile, meta: dict[str, Any], names: list[str]) -> str | None:
         """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
         rest, _d = split_defines(c.argv)

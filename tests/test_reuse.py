@@ -28,6 +28,8 @@ def test_cold_then_noop_then_header_change(tmp_path: Path, shared_root: Path) ->
     # util.h is read by bindings.cpp and host.cpp; clock.cpp is never reused (time macro)
     assert compiled(third.decisions) == {"bindings.cpp", "host.cpp", "clock.cpp"}
     assert {third.decisions[s] for s in ("kern.cu", "named.cpp", "other.cpp")} == {"reused"}
+    reasons = {o["source"]: o["reason"] for o in third.certificate["objects"]}  # type: ignore[index]
+    assert reasons["host.cpp"].startswith("input ") and reasons["host.cpp"].endswith("/util.h changed")
 
 
 def test_module_name_variant_waives_the_name_where_no_input_mentions_it(tmp_path: Path, shared_root: Path) -> None:
@@ -56,7 +58,8 @@ def test_nvcc_append_flags_recompile_cuda_objects(tmp_path: Path, shared_root: P
     proj.realize()
     res = proj.realize("--explain", env={"NVCC_APPEND_FLAGS": "-DEXTRA_FROM_ENV=1"})
     assert compiled(res.decisions) == {"kern.cu", "clock.cpp"}
-    assert "kern.cu: compiled" in res.out
+    assert "kern.cu: compiled (environment variable NVCC_APPEND_FLAGS changed: None -> '-DEXTRA_FROM_ENV=1')" \
+        in res.out
 
 
 def test_host_code_under_ifndef_cuda_arch_recompiles(tmp_path: Path, shared_root: Path) -> None:
