@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", parents=[common], help="re-hash the store and report corruption")
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
+    p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
+                   help="also compile N stored objects again and compare them with the stored ones")
 
     sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
     sub.add_parser("status", parents=[common], help="same as show")

@@ -73,11 +73,21 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
         _realize_roots(root, reporter)
         report = verify(store, root)
-    ok = not report.problems
+    rebuilt = []
+    if args.rebuild_sample > 0:
+        from .rebuild import rebuild_sample
+        rebuilt = rebuild_sample(root, store, args.rebuild_sample)
+        for r in rebuilt:
+            reporter.event("rebuild", f"{r.outcome}: {r.source} ({r.entry})" + (f": {r.detail}" if r.detail else ""),
+                           entry=r.entry, source=r.source, outcome=r.outcome, detail=r.detail)
+    mismatches = [r for r in rebuilt if r.outcome == "mismatch"]
+    ok = not report.problems and not mismatches
     reporter.event("verify", f"{report.blobs} blobs ({report.bytes} bytes), {report.entries} entries: "
-                             + ("all valid" if ok else f"{len(report.problems)} problems"))
+                             + ("all valid" if not report.problems else f"{len(report.problems)} problems")
+                             + (f"; rebuilt {len(rebuilt)} objects: {len(mismatches)} mismatches" if rebuilt else ""))
     reporter.result("verify", ok, 0 if ok else 1, blobs=report.blobs, entries=report.entries,
-                    problems=[p.__dict__ for p in report.problems])
+                    problems=[p.__dict__ for p in report.problems],
+                    rebuilt=[r.__dict__ for r in rebuilt])
     return 0 if ok else 1
 
 

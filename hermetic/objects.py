@@ -236,6 +236,7 @@ class ObjectCache:
                                      "lookup": lk, "source": c.rel,
                                      "object": digest, "size": size, "inputs": inputs,
                                      "defines": dict(sorted(defines.items())), "argv": rest,
+                                     "command": list(c.argv), "output": c.object,
                                      "env": key_env("nvcc" if c.cuda else "cxx", self.env),
                                      "toolchain": self.toolchain, "built_by": producer,
                                      "refs": [f"blob:{digest}"]})

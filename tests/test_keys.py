@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from hermetic.keys import differing_defines, is_debug, key_env, lookup_key, mentions, parse_depfile, \
-    split_defines, strip_comments
+from hermetic.keys import (
+    differing_defines,
+    is_debug,
+    key_env,
+    lookup_key,
+    mentions,
+    parse_depfile,
+    split_defines,
+    strip_comments,
+)
 
 
 def test_split_defines_takes_top_level_defines_and_the_output_only() -> None:
