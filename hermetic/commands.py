@@ -134,9 +134,10 @@ def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         except OSError as e:
             raise BadInput(f"cannot run {cmd[0]}: {e.strerror}", where="hermetic env",
                            hint="the command is looked up on the realized PATH") from None
-    for k, v in facts.items():
-        reporter.event("env", f"{k}={v}", name=k, value=v)
-    if not reporter.json_mode:
+    if reporter.json_mode:
+        for k, v in facts.items():
+            reporter.event("env", "", name=k, value=v)
+    else:  # shell syntax on stdout: eval "$(hermetic env RECIPE)"
         for k, v in facts.items():
             print(f"export {k}={_shell_quote(v)}")
     reporter.result("env", True, 0, env=facts)

@@ -22,7 +22,9 @@ def realized_env(root: Root, recipe_path: Path) -> tuple[dict[str, str], dict[st
     facts: dict[str, str] = {"HERMETIC_ROOT": str(root.path), "HERMETIC_PROFILE": str(profile)}
     path_dirs = [str(profile / "bin"), str(Path(sys.executable).parent)]
     if recipe.toolchain:
-        cuda_home = profile / cuda_home_rel(recipe.toolchain)
+        # a recipe that builds keeps its toolchain in a profile of its own
+        tc_profile = root.profiles / f"{recipe.name}.toolchain" if recipe.extensions else profile
+        cuda_home = tc_profile / cuda_home_rel(recipe.toolchain)
         # No system CUDA: CUDA_HOME, CUDA_PATH and PATH all name the store's toolchain first.
         facts.update(CUDA_HOME=str(cuda_home), CUDA_PATH=str(cuda_home),
                      PYTORCH_NVCC=str(cuda_home / "bin" / "nvcc"))

@@ -75,6 +75,13 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int],
             problems.append(Problem("entry", name, f"{rel}: blob {digest[:16]}… is missing"))
     if meta.get("kind") == "tree":
         problems += _check_tree(path / "out", name, files, meta.get("links", {}), inodes)
+    for key in ("object", "so"):  # objects and modules: their one blob must be there and sound
+        digest = meta.get(key)
+        if isinstance(digest, str):
+            if digest in bad_blobs:
+                problems.append(Problem("entry", name, f"its {key} blob {digest[:16]}… is corrupt"))
+            elif (digest, False) not in inodes:
+                problems.append(Problem("entry", name, f"its {key} blob {digest[:16]}… is missing"))
     return problems
 
 
