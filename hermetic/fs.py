@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,18 +125,7 @@ def remove_tree(top: Path) -> int:
     return freed
 
 
-def link_or_copy_str(src: str, dst: str) -> bool:
-    try:
-        os.link(src, dst)
-        return True
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
-            raise
-    shutil.copy2(src, dst)
-    return False
-
-
-def link_or_copy(src: Path, dst: Path) -> bool:
+def link_or_copy(src: str | Path, dst: str | Path) -> bool:
     """Hard-link ``src`` to ``dst``; copy (keeping mtime) across file systems or past the link limit.
 
     Returns True when a link was made. A copy keeps the blob's mtime so that identical bytes still
@@ -150,6 +139,34 @@ def link_or_copy(src: Path, dst: Path) -> bool:
             raise
     shutil.copy2(src, dst)
     return False
+
+
+def atomic_symlink(target: str, link: Path) -> bool:
+    """Point ``link`` at ``target`` by renaming a fresh symlink over it; False when it already pointed there."""
+    if link.is_symlink() and os.readlink(link) == target:
+        return False
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink():
+        tmp.unlink()
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    return True
+
+
+def cached_by_fingerprint(cache_dir: Path, path: Path, what: str, compute: Callable[[], str]) -> str:
+    """A fact about a file (a tool's answer, its hash), recomputed only when its stat fingerprint changes."""
+    cache = cache_dir / (sha256_bytes(f"{what}\0{path}".encode())[:24] + ".json")
+    fp = list(fingerprint(path) or [])
+    try:
+        rec = json.loads(cache.read_text())
+        if rec["fp"] == fp:
+            return str(rec["value"])
+    except (OSError, ValueError, KeyError):
+        pass
+    value = compute()
+    atomic_write(cache, canonical_json({"fp": fp, "value": value}), durable=False)
+    return value
 
 
 class FileLock:

@@ -103,7 +103,7 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
                 os.makedirs(f"{base}/{parent}", exist_ok=True)
                 made.update(_ancestors(parent))
             # plain strings: pathlib costs more than the link itself over a few thousand files
-            fs.link_or_copy_str(f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}", f"{base}/{rel}")
+            fs.link_or_copy(f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}", f"{base}/{rel}")
         for rel, target in sorted(links.items()):
             check_relpath(rel)
             _check_link_target(rel, target)
@@ -128,14 +128,6 @@ def _ancestors(folder: str) -> list[str]:
 
 def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:
     """Point ``profiles/<name>`` at an entry's out/ atomically; unchanged when it already does."""
-    profiles.mkdir(parents=True, exist_ok=True)
     link = profiles / name
-    target = os.path.relpath(store.entry_path(entry) / "out", profiles)
-    if link.is_symlink() and os.readlink(link) == target:
-        return link
-    tmp = profiles / f".{name}.{os.getpid()}.tmp"
-    if tmp.is_symlink():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
+    fs.atomic_symlink(os.path.relpath(store.entry_path(entry) / "out", profiles), link)
     return link

@@ -241,13 +241,7 @@ class ObjectCache:
                                      "toolchain": self.toolchain, "built_by": producer,
                                      "refs": [f"blob:{digest}"]})
         link = self.index / lk[:2] / lk / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.is_symlink():
-            tmp_link = link.with_name(f".{name}.{os.getpid()}")
-            if tmp_link.is_symlink():
-                tmp_link.unlink()
-            os.symlink(os.path.relpath(self.store.entry_path(name), link.parent), tmp_link)
-            os.replace(tmp_link, link)
+        fs.atomic_symlink(os.path.relpath(self.store.entry_path(name), link.parent), link)
         return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
 
     def place(self, d: Decision) -> None:

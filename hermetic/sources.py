@@ -76,16 +76,8 @@ def _load(store: Store, name: str) -> SourceTree:
 
 def link_stable(root: Root, recipe: str, source: str, store: Store, tree: SourceTree) -> Path:
     """Point ``build/<recipe>/src/<source>`` at a source tree (callers hold the recipe's build lock)."""
-    folder = root.path / "build" / recipe / "src"
-    folder.mkdir(parents=True, exist_ok=True)
-    link = folder / source
-    target = os.path.relpath(tree.out(store), folder)
-    if not (link.is_symlink() and os.readlink(link) == target):
-        tmp = folder / f".{source}.{os.getpid()}"
-        if tmp.is_symlink():
-            tmp.unlink()
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
+    link = root.path / "build" / recipe / "src" / source
+    fs.atomic_symlink(os.path.relpath(tree.out(store), link.parent), link)
     return link
 
 

@@ -7,7 +7,6 @@ The wheels unpack to ``nvidia/cu<major>/`` with nvcc, the crt and cccl headers a
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -109,33 +108,15 @@ def host_compiler(root: Root, name: str) -> dict[str, str]:
 
 def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str], str]) -> str:
     """A tool's answer, cached by the tool's stat fingerprint (running nvcc costs ~50 ms)."""
-    cache = root.state / "tools" / (fs.sha256_bytes(f"{exe}\0{args}".encode())[:24] + ".json")
-    fp = list(fs.fingerprint(exe) or [])
-    try:
-        rec = json.loads(cache.read_text())
-        if rec["fp"] == fp:
-            return str(rec["value"])
-    except (OSError, ValueError, KeyError):
-        pass
-    try:
-        p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
-                           env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)})
-    except OSError as e:
-        raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", hint="check the toolchain") from None
-    value = parse(p.stdout + p.stderr)
-    fs.atomic_write(cache, fs.canonical_json({"fp": fp, "value": value}), durable=False)
-    return value
+    def run() -> str:
+        try:
+            p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
+                               env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)})
+        except OSError as e:
+            raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", hint="check the toolchain") from None
+        return parse(p.stdout + p.stderr)
+    return fs.cached_by_fingerprint(root.state / "tools", exe, f"output {args}", run)
 
 
 def _cached_hash(root: Root, path: Path) -> str:
-    cache = root.state / "tools" / (fs.sha256_bytes(f"sha256\0{path}".encode())[:24] + ".json")
-    fp = list(fs.fingerprint(path) or [])
-    try:
-        rec = json.loads(cache.read_text())
-        if rec["fp"] == fp:
-            return str(rec["value"])
-    except (OSError, ValueError, KeyError):
-        pass
-    value = fs.sha256_file(path)[0]
-    fs.atomic_write(cache, fs.canonical_json({"fp": fp, "value": value}), durable=False)
-    return value
+    return fs.cached_by_fingerprint(root.state / "tools", path, "sha256", lambda: fs.sha256_file(path)[0])
