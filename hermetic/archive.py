@@ -24,7 +24,7 @@ from typing import IO, Any
 from . import __version__, fs
 from .errors import BadInput, PreconditionFailed
 from .gc import root_refs
-from .materialize import build_tree
+from .materialize import build_tree, tree_entry_name
 from .reporter import Reporter
 from .root import Root
 from .store import ENTRY_META, Store
@@ -50,6 +50,8 @@ def _closure(store: Store, refs: set[str]) -> tuple[list[str], set[str]]:
         for _p, (digest, executable) in meta.get("files", {}).items():
             blobs.add(digest + ("x" if executable else ""))
         pending += [r[6:] for r in meta.get("refs", []) if r.startswith("entry:")]
+        if meta.get("kind") != "unpacked":  # an unpacked wheel does not need its wheel file any more
+            blobs.update(r[5:] for r in meta.get("refs", []) if r.startswith("blob:") and store.has_blob(r[5:]))
     return sorted(entries), blobs
 
 
@@ -141,7 +143,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter) -> dict[str
             dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)
             with dctx.stream_reader(raw) as zr:
                 manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
-        _check_hosts(metas, archive)
+        _check_hosts(root, metas, archive)
         new_blobs = 0
         for bname, path in blob_files.items():
             digest, executable = bname.rstrip("x"), bname.endswith("x")
@@ -244,13 +246,13 @@ def _extract_blob(tar: tarfile.TarFile, member: tarfile.TarInfo, staging: Path, 
     return dst
 
 
-def _check_hosts(metas: dict[str, dict[str, Any]], archive: Path) -> None:
+def _check_hosts(root: Root, metas: dict[str, dict[str, Any]], archive: Path) -> None:
     """Entries built for an interpreter or torch are only accepted on a machine that has the same."""
     needs = {name: m["host"] for name, m in metas.items() if isinstance(m.get("host"), dict)}
     if not needs:
         return
-    from .interpreter import host_facts
-    here = host_facts()
+    from .interpreter import host_identity, qualify
+    here = host_identity(qualify(root, None, need_torch=False))
     for name, facts in sorted(needs.items()):
         for key, want in sorted(facts.items()):
             if here.get(key) != want:
@@ -262,9 +264,14 @@ def _check_hosts(metas: dict[str, dict[str, Any]], archive: Path) -> None:
 def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> None:
     if meta.get("kind") == "tree":
         files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
-        built, _ = build_tree(store, meta["label"], files, meta.get("links", {}), meta.get("refs", []))
-        if built != name:
-            raise BadInput(f"tree entry {name} does not match its own record (rebuilt as {built})")
+        links = meta.get("links", {})
+        # content-addressed trees must hash to their name; input-addressed ones (sources) carry their inputs
+        content_addressed = tree_entry_name(meta["label"], files, links) == name
+        if not content_addressed and "source" not in meta:
+            raise BadInput(f"tree entry {name} does not match its own record", where=str(name),
+                           hint="the archive is damaged or not from `hermetic export`; nothing was imported")
+        extra = {k: v for k, v in meta.items() if k == "source"}
+        build_tree(store, meta["label"], files, links, meta.get("refs", []), name=name, extra=extra)
         return
     with store.build_entry(name) as staging:
         if staging is not None:

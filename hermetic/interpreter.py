@@ -122,10 +122,3 @@ def host_identity(facts: dict[str, Any]) -> dict[str, Any]:
     return {"python": facts["python"], "implementation": facts["implementation"], "soabi": facts.get("soabi"),
             "machine": facts["machine"], "torch": t.get("version"), "torch_cuda": t.get("cuda"),
             "cxx11_abi": t.get("cxx11_abi")}
-
-
-def host_facts() -> dict[str, Any]:
-    """This machine's identity for import checks (archives), from the running interpreter."""
-    root = Root.locate(os.environ.get("HERMETIC_ROOT"))
-    root.ensure()
-    return host_identity(qualify(root, None, need_torch=False))

@@ -81,13 +81,13 @@ def tree_entry_name(label: str, files: FileMap, links: Mapping[str, str]) -> str
 
 
 def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str] | None = None,
-               refs: Iterable[str] = ()) -> tuple[str, bool]:
-    """Lay out a tree of hard links to blobs; content-addressed, so an unchanged tree is reused as is.
-
-    Returns (entry name, built now).
+               refs: Iterable[str] = (), *, name: str | None = None,
+               extra: Mapping[str, object] | None = None) -> tuple[str, bool]:
+    """Lay out a tree of hard links to blobs; content-addressed (unless ``name`` is given: an imported
+    input-addressed tree), so an unchanged tree is reused as is. Returns (entry name, built now).
     """
     links = dict(links or {})
-    name = tree_entry_name(label, files, links)
+    name = name or tree_entry_name(label, files, links)
     with store.build_entry(name) as staging:
         if staging is None:
             return name, False
@@ -115,7 +115,7 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
             made.update(_ancestors(rel.rpartition("/")[0]))
         # files are links to read-only blobs already; only the folders need their write bits dropped
         staging.readonly_dirs = sorted(f"{base}/{d}" if d else base for d in made)
-        staging.meta.update({"kind": "tree", "label": label,
+        staging.meta.update({**(extra or {}), "kind": "tree", "label": label,
                              "files": {p: [d, x] for p, (d, x) in sorted(files.items())},
                              "links": dict(sorted(links.items())), "refs": sorted(set(refs))})
     return name, True

@@ -235,3 +235,26 @@ def test_toolchain_mismatch_exits_3_before_compiling(tmp_path: Path, shared_root
     assert found in res.err and "nvidia-cuda-runtime==13.0.*" in res.err and "Traceback" not in res.err
     assert not (shared_root / "build" / f"mismatch-{cuda}").exists() or \
         not list((shared_root / "build" / f"mismatch-{cuda}").rglob("*.o"))
+
+
+def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path, Path], tmp_path: Path) -> None:
+    root, _ = p2p_root
+    archive = tmp_path / "p2p.tar.zst"
+    assert _hermetic(root, "export", str(archive), "--name", "p2p").returncode == 0
+    other = tmp_path / "other"
+    p = _hermetic(other, "import", str(archive))
+    assert p.returncode == 0, p.stderr
+    assert _hermetic(other, "verify").returncode == 0
+    # the same closure, claiming a module built for another torch: refused, nothing imported
+    module = next(e for e in (other / "store" / "entries").iterdir() if "-mod-" in e.name)
+    meta_path = module / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["host"]["torch"] = "0.0.1"
+    os.chmod(meta_path, 0o644)
+    meta_path.write_text(json.dumps(meta))
+    foreign = tmp_path / "foreign.tar.zst"
+    assert _hermetic(other, "export", str(foreign), "--name", "p2p").returncode == 0
+    third = tmp_path / "third"
+    p = _hermetic(third, "import", str(foreign))
+    assert p.returncode == 3 and "torch=0.0.1" in p.stderr and "Traceback" not in p.stderr
+    assert not (third / "store" / "entries").exists() or not any((third / "store" / "entries").iterdir())
