@@ -21,7 +21,7 @@ from .errors import WorkFailed
 from .flags import BuildPlan, Compile, plan_extension
 from .interpreter import host_identity
 from .keys import KEY_ENV
-from .objects import Decision, ObjectCache, producer_record
+from .objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, producer_record
 from .procs import Limits, run_limited
 from .recipe import Extension, Recipe, Variant
 from .reporter import Reporter
@@ -76,7 +76,7 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     state = root.state / "builds" / f"{recipe.name}.{variant.name}.{ext.name}.json"
     previous = _previous_objects(store, state)
     for d in decisions:  # say which key component changed, where find() only knows that none matched
-        if d.decision == "compiled" and not d.reason.startswith("defines differ"):
+        if d.decision == "compiled" and d.reason in (NO_MATCH, INPUT_CHANGED):
             d.reason = cache.explain(d.compile, previous.get(d.compile.rel))
     for d in decisions:
         if d.decision != "compiled":

@@ -37,6 +37,9 @@ from .root import Root
 from .store import Store, entry_name
 
 RAW, STRIPPED = "raw", "stripped"
+# find() knows only that no stored object matched; --explain then names the component that changed
+NO_MATCH = "no object compiled with this command and toolchain"
+INPUT_CHANGED = "an input changed since the stored objects were compiled"
 
 
 class InputHasher:
@@ -125,9 +128,9 @@ class ObjectCache:
             if all(self.hasher.hash(p, mode) == h for p, mode, h in meta["inputs"]):
                 candidates.append(meta)
         if not names:
-            return Decision(c, "compiled", reason="no object compiled with this command and toolchain")
+            return Decision(c, "compiled", reason=NO_MATCH)
         if not candidates:
-            return Decision(c, "compiled", reason="an input changed since the stored objects were compiled")
+            return Decision(c, "compiled", reason=INPUT_CHANGED)
         weight = max(len(m["inputs"]) for m in candidates)
         # an exact match first, then one from another variant whose differing defines can be waived
         for meta in candidates:
