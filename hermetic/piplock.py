@@ -28,6 +28,7 @@ from hermetic.lockrecords import (
     resolve_location,
     tag_rank,
 )
+from hermetic.tomlutil import decode_utf8
 
 _HEX_LEN = {"sha256": 64, "sha384": 96, "sha512": 128}  # what pip accepts besides sha256
 _COMMENT = re.compile(r"(^|\s+)#.*$")
@@ -147,12 +148,7 @@ def _pip_line(line: str, base: Path, env: dict[str, Any], tags: list[Tag], where
 
 def read_pip_hash(path: Path, raw: bytes, env: dict[str, Any], tags: list[Tag]) -> list[LockedWheel]:
     """The wheels of the lock ``raw`` (read from ``path``) whose markers hold in ``env``, one per name."""
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        number = raw[: e.start].count(b"\n") + 1
-        raise BadInput(f"lock is not valid UTF-8 (byte {e.start})", where=f"{path}:{number}",
-                       hint="re-save the file as UTF-8") from None
+    text = decode_utf8(path, raw, "lock", bom=True)
     base = path.absolute().parent
     seen: dict[str, LockedWheel] = {}
     for number, physical in _logical_lines(text):

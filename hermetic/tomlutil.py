@@ -75,14 +75,19 @@ def load_toml(path: Path) -> TomlDoc:
     return parse_toml(path, read_input(path))
 
 
-def parse_toml(path: Path, raw: bytes) -> TomlDoc:
-    """Parse bytes already read (callers that hash the file parse exactly the bytes they hashed)."""
+def decode_utf8(path: Path, raw: bytes, what: str, *, bom: bool = False) -> str:
+    """The text of an input file; invalid UTF-8 is bad input at the line where it occurs."""
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8-sig" if bom else "utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise BadInput(f"not valid UTF-8 (byte {e.start})", where=f"{path}:{line}",
-                       hint="TOML files must be UTF-8; re-save the file as UTF-8") from None
+        raise BadInput(f"{what} is not valid UTF-8 (byte {e.start})", where=f"{path}:{line}",
+                       hint="re-save the file as UTF-8") from None
+
+
+def parse_toml(path: Path, raw: bytes) -> TomlDoc:
+    """Parse bytes already read (callers that hash the file parse exactly the bytes they hashed)."""
+    text = decode_utf8(path, raw, "TOML file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
