@@ -120,7 +120,21 @@ def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 60
                 freed += st.st_size if st.st_nlink == 1 else 0
         for g in p.garbage:
             freed += fs.remove_tree(g)
+        _prune_index(store)
         return p, freed
+
+
+def _prune_index(store: Store) -> None:
+    """Drop object-index links whose entry is gone (a stale link is only a miss, but it costs a lookup)."""
+    index = store.path / "index"
+    if not index.exists():
+        return
+    for link in index.glob("*/*/*"):
+        if link.is_symlink() and not link.exists():
+            link.unlink()
+    for folder in sorted(index.glob("*/*"), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only empty ones go
 
 
 def _drop_root(root: Root, name: str) -> None:

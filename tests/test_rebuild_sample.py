@@ -42,3 +42,16 @@ def test_rebuild_sample_finds_no_mismatch_then_catches_a_planted_object(tmp_path
     outcomes = {r["source"]: r["outcome"] for r in result["rebuilt"]}  # type: ignore[index]
     assert rc == 1 and outcomes["other.cpp"] == "mismatch"
     assert [s for s, o in outcomes.items() if o == "mismatch"] == ["other.cpp"]
+
+
+def test_gc_of_a_dropped_build_removes_its_objects_and_their_index(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    Project(tmp_path / "p", "dropped", root).realize()
+    index = root / "store" / "index"
+    assert list(index.glob("*/*/*"))
+    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "gc", "--drop-root", "dropped"],
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert p.returncode == 0, p.stderr
+    store = Store(root / "store")
+    assert not [e for e in store.iter_entries() if "-obj-" in e or "-mod-" in e]
+    assert not list(index.glob("*/*/*")) and not list(index.glob("*/*"))
