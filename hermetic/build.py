@@ -166,8 +166,8 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
                       facts: dict[str, Any], decisions: list[Decision], env: dict[str, str],
                       toolchain_id: dict[str, Any], reporter: Reporter) -> BuiltModule:
     digests = [d.meta["object"] if d.meta else fs.sha256_file(Path(d.compile.object))[0] for d in decisions]
-    link_key_argv = [a if a not in {d.compile.object for d in decisions} and a != plan.output else "<OBJ>"
-                     for a in plan.link_argv]
+    paths = {d.compile.object for d in decisions} | {plan.output}  # build-folder paths leave the key
+    link_key_argv = ["<OBJ>" if a in paths else a for a in plan.link_argv]
     key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
                                              "toolchain": toolchain_id, "link": link_key_argv,
                                              "objects": digests}))
