@@ -74,8 +74,12 @@ class Limits:
 
 
 def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
-                on_line: Callable[[str], None]) -> tuple[int, list[str]]:
-    """Run ``argv`` in a new process group under ``limits``; stream its output lines; return (rc, tail)."""
+                on_line: Callable[[str], None],
+                on_start: Callable[[int], None] | None = None) -> tuple[int, list[str]]:
+    """Run ``argv`` in a new process group under ``limits``; stream its output lines; return (rc, tail).
+
+    ``on_start`` gets the pid of the group's leader (the limited child) once it runs, e.g. for a memory guard.
+    """
     shim = [sys.executable, "-S", "-c", _SHIM,
             json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
                         "address_space": limits.address_space}), *argv]
@@ -92,6 +96,8 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     tail: list[str] = []
     finished = False
     try:
+        if on_start is not None:
+            on_start(proc.pid)
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
@@ -121,6 +127,13 @@ def _kill_group(sid: int) -> None:
         time.sleep(0.5)
     except ProcessLookupError:
         pass
+    kill = _scope["kill_session"]
+    assert callable(kill)
+    kill(sid)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of the session ``sid`` (a child started by ``run_limited`` leads its own)."""
     kill = _scope["kill_session"]
     assert callable(kill)
     kill(sid)
