@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zstandard
 
@@ -28,6 +28,9 @@ from .reporter import Reporter
 from .root import Root
 from .store import Store, entry_name
 from .toolchain import ToolchainInfo
+
+if TYPE_CHECKING:
+    from .sharing import Sharing
 
 MODULE_VERSION = 1
 # Passed through to compilers (and part of every object key); everything else of the caller's environment
@@ -64,7 +67,8 @@ def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
 
 def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
                     facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: dict[str, Any],
-                    src_root: Path, tree_files: list[str], reporter: Reporter) -> BuiltModule:
+                    src_root: Path, tree_files: list[str], reporter: Reporter,
+                    share: Sharing | None = None) -> BuiltModule:
     build_dir = root.path / "build" / recipe.name / variant.name / ext.name
     build_dir.mkdir(parents=True, exist_ok=True)
     archs = recipe.toolchain.archs if recipe.toolchain else ()
@@ -73,6 +77,12 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     env = build_env(root, tc)
     cache = ObjectCache(root, store, toolchain_id, env)
     decisions = [cache.find(c) for c in plan.compiles]
+    if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
+        fetched = share.fetch_objects(cache, [d.compile for d in decisions if d.decision == "compiled"])
+        for i, d in enumerate(decisions):
+            if d.compile.rel in fetched and (found := cache.find(d.compile)).decision != "compiled":
+                found.decision = "fetched-remote"
+                decisions[i] = found
     state = root.state / "builds" / f"{recipe.name}.{variant.name}.{ext.name}.json"
     previous = _previous_objects(store, state)
     for d in decisions:  # say which key component changed, where find() only knows that none matched
@@ -99,11 +109,15 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
         # the longest compiles first (most inputs last time, else largest source): a shorter critical path
         order = sorted(todo, key=lambda d: (-(d.weight or 0), -os.path.getsize(d.compile.source)))
         try:
+            reporter.event("phase", phase="compiling")
             _compile(build_dir, [d.compile for d in order], env, recipe, reporter, plan.module, finished)
         finally:
             cache.hasher.save()
     cache.hasher.save()
-    built = _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter)
+    if share is not None:  # compiled here or reused from this store: share what the remote lacks
+        share.upload_objects([d.meta for d in decisions if d.meta and d.entry and d.decision != "fetched-remote"])
+    built = _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter,
+                              share)
     fs.atomic_write(state, fs.canonical_json({"certificate": built.certificate_blob}), durable=False)
     return built
 
@@ -164,7 +178,7 @@ def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], reci
 
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
                       facts: dict[str, Any], decisions: list[Decision], env: dict[str, str],
-                      toolchain_id: dict[str, Any], reporter: Reporter) -> BuiltModule:
+                      toolchain_id: dict[str, Any], reporter: Reporter, share: Sharing | None) -> BuiltModule:
     digests = [d.meta["object"] if d.meta else fs.sha256_file(Path(d.compile.object))[0] for d in decisions]
     paths = {d.compile.object for d in decisions} | {plan.output}  # build-folder paths leave the key
     link_key_argv = ["<OBJ>" if a in paths else a for a in plan.link_argv]
@@ -174,30 +188,48 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
     filename = plan.module + facts["ext_suffix"]
     name = entry_name(key, f"mod-{plan.module}")
     linked = False
+    reporter.event("phase", phase="linking")
+    module_from = "reused"
     with store.build_entry(name) as staging:
         if staging is not None:
-            limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
-            rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=env,
-                                   limits=limits, on_line=lambda _line: None)
-            if rc != 0:
-                raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
-                                 hint="see the linker's message above")
-            so_digest = store.put_blob_bytes(Path(plan.output).read_bytes())
+            # linked elsewhere with the same key: the module and that build's certificate, verified
+            shared = share.fetch_module(key, filename) if share is not None else None
+            if shared is None:
+                so_digest, producer = _link(store, recipe, plan, env), None
+            else:
+                so_digest, producer = shared
             staging.meta.update({"kind": "module", "module": plan.module, "file": filename, "so": so_digest,
-                                 "host": host_identity(facts),
-                                 "refs": [f"blob:{so_digest}", *(f"entry:{d.entry}" for d in decisions if d.entry)]})
+                                 "host": host_identity(facts), "producer_certificate": producer,
+                                 "refs": [f"blob:{so_digest}", *([f"blob:{producer}"] if producer else []),
+                                          *(f"entry:{d.entry}" for d in decisions if d.entry)]})
             linked = True
+            module_from = "linked" if shared is None else "fetched-remote"
     meta = store.entry_meta(name)
-    cert = _certificate(recipe, variant, plan, facts, toolchain_id, decisions, meta["so"])
+    module = {"decision": module_from, "entry": name, "producer_certificate": meta.get("producer_certificate"),
+              "remote": share.remote.settings.record() if share is not None else None}
+    cert = _certificate(recipe, variant, plan, facts, toolchain_id, decisions, meta["so"], module)
     raw = fs.canonical_json(cert)
     cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
     store.temproots.add(f"blob:{cert_blob}")
+    if share is not None and module_from != "fetched-remote":
+        share.upload_module(key, filename, meta["so"], cert_blob)
     return BuiltModule(plan.module, filename, name, meta["so"], fs.sha256_bytes(raw), cert_blob, decisions,
                        linked)
 
 
+def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) -> str:
+    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
+    rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=env,
+                           limits=limits, on_line=lambda _line: None)
+    if rc != 0:
+        raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
+                         hint="see the linker's message above")
+    return store.put_blob_bytes(Path(plan.output).read_bytes())
+
+
 def _certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[str, Any],
-                 toolchain_id: dict[str, Any], decisions: list[Decision], so_digest: str) -> dict[str, Any]:
+                 toolchain_id: dict[str, Any], decisions: list[Decision], so_digest: str,
+                 module: dict[str, Any]) -> dict[str, Any]:
     objects = []
     for d in decisions:
         meta = d.meta or {}
@@ -207,7 +239,7 @@ def _certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[
                         "inputs": meta.get("inputs", [])})
     return {"format": 1, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
             "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
-            "link": list(plan.link_argv), "objects": objects}
+            "link": list(plan.link_argv), "module_build": module, "objects": objects}
 
 
 def read_certificate(store: Store, blob: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@ chosen variant, under the recipe's build lock (variants share the stable source 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import fs
 from .build import BuiltModule, build_env, build_extension
@@ -20,6 +20,9 @@ from .sources import link_stable, realize_source
 from .store import Store
 from .toolchain import check_compatible, host_compiler, inspect_toolchain, toolchain_links
 
+if TYPE_CHECKING:
+    from .sharing import Sharing
+
 
 @dataclass
 class RecipeBuild:
@@ -32,7 +35,7 @@ class RecipeBuild:
 
 
 def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Variant], reporter: Reporter,
-                 counts: dict[str, int], explain: bool) -> RecipeBuild:
+                 counts: dict[str, int], explain: bool, share: Sharing | None = None) -> RecipeBuild:
     from .realize import fetch_and_unpack  # the fetch step is shared with plain lock recipes
 
     if recipe.toolchain is None or recipe.toolchain_lock is None:
@@ -40,7 +43,7 @@ def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Varian
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
     tc_name = f"{recipe.name}.toolchain"
     unpacked = fetch_and_unpack(root, store, [read_lock_cached(root.state, recipe.toolchain_lock)], reporter,
-                                counts)
+                                counts, share)
     tc_files = merge_files((u.entry, u.files) for u in unpacked)
     tc_tree, tc_built = build_tree(store, tc_name, tc_files, toolchain_links(recipe.toolchain, tc_files),
                                    refs=[f"entry:{u.entry}" for u in unpacked])
@@ -61,14 +64,14 @@ def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Varian
             trees = {}
             for src_name in sorted({e.source for e in recipe.extensions}):
                 src = recipe.sources[src_name]
-                tree = realize_source(root, store, src, src.patches + variant.patches, reporter)   # 6.
+                tree = realize_source(root, store, src, src.patches + variant.patches, reporter, share)  # 6.
                 trees[src_name] = (link_stable(root, recipe.name, src_name, store, tree), tree)
                 refs.append(f"entry:{tree.entry}")
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
             for ext in recipe.extensions:                                         # 7. build
                 src_root, tree = trees[ext.source]
                 built = build_extension(root, store, recipe, ext, variant, facts, tc, toolchain_id, src_root,
-                                        sorted(tree.files), reporter)
+                                        sorted(tree.files), reporter, share)
                 modules.append(built)
                 refs += [f"entry:{built.entry}", f"blob:{built.certificate_blob}"]
     totals: dict[str, int] = {}

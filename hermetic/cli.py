@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml")
     p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
     p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
+    _remote_options(p)
 
     p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
     p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
                    help="also compile N stored objects again and compare them with the stored ones")
+    _remote_options(p)
 
     sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
     sub.add_parser("status", parents=[common], help="same as show")
@@ -70,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", type=Path)
     p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
     return parser
+
+
+def _remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote-cache", metavar="URL", default=None,
+                   help="share wheels, objects and modules through a Bazel HTTP cache (nginx WebDAV, bazel-remote); "
+                        "default $HERMETIC_REMOTE_CACHE, else the recipe's [remote] url; user:password@ for basic "
+                        "auth, or a bearer token in $HERMETIC_REMOTE_CACHE_TOKEN")
+    p.add_argument("--remote-cache-mode", choices=("off", "ro", "rw"), default=None,
+                   help="ro: read only (default); rw: also upload (trusted builders only); off: ignore the remote "
+                        "(default $HERMETIC_REMOTE_CACHE_MODE, else the recipe's [remote] mode)")
 
 
 def _terminate(signum: int, _frame: object) -> None:

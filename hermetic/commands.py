@@ -9,21 +9,32 @@ import sys
 from pathlib import Path
 
 from .errors import BadInput, WorkFailed
+from .remote import RemoteOptions, resolve_settings
 from .reporter import Reporter
 from .root import Root
 from .store import Store
 
 
+def _remote(args: argparse.Namespace) -> RemoteOptions:
+    """The command line's remote cache options, checked now (bad input even when nothing else changed)."""
+    options = RemoteOptions(args.remote_cache, args.remote_cache_mode)
+    resolve_settings(options, os.environ)
+    return options
+
+
 def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from .inputs import noop_check
+    remote = _remote(args)
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
         from .realize import realize
-        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain)
+        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote)
     c = outcome.counts
     verb = "realized" if outcome.changed else "up to date:"
     objects = (f"; objects: {c.get('objects_compiled', 0)} compiled, {c.get('objects_reused', 0)} reused, "
-               f"{c.get('objects_reused-variant', 0)} reused across variants") if "objects_objects" in c else ""
+               f"{c.get('objects_reused-variant', 0)} reused across variants"
+               + (f", {c['objects_fetched-remote']} from the remote cache" if c.get("objects_fetched-remote") else "")
+               ) if "objects_objects" in c else ""
     reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} "
                            f"({c['wheels']} wheels: {c['fetched']} fetched, {c['unpacked']} unpacked, "
                            f"{c['reused']} reused{objects}; {c['files']} files; "
@@ -71,7 +82,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     if report.problems and args.repair:
         removed = drop_corrupt(store, report.problems)
         reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
-        _realize_roots(root, reporter)
+        _realize_roots(root, reporter, _remote(args))
         report = verify(store, root)
     rebuilt = []
     if args.rebuild_sample > 0:
@@ -91,12 +102,12 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if ok else 1
 
 
-def _realize_roots(root: Root, reporter: Reporter) -> None:
+def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions) -> None:
     from .realize import realize
     for p in sorted(root.roots.glob("*.json")):
         recipe = Path(json.loads(p.read_text()).get("recipe", ""))
         if recipe.is_file():
-            realize(root, recipe, reporter)
+            realize(root, recipe, reporter, remote=remote)
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
 

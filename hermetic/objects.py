@@ -111,36 +111,40 @@ class ObjectCache:
         self.index = store.path / "index"
         self._scan: dict[tuple[str, str], bool] = {}
 
-    def _lookup(self, c: Compile) -> str:
+    def lookup(self, c: Compile) -> str:
         return lookup_key("nvcc" if c.cuda else "cxx", c.argv, self.env, self.toolchain)
 
     def find(self, c: Compile) -> Decision:
         """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""
-        lk = self._lookup(c)
+        lk = self.lookup(c)
         folder = self.index / lk[:2] / lk
         names = sorted(os.listdir(folder)) if folder.is_dir() else []
-        _rest, defines = split_defines(c.argv)
-        candidates = []
-        for name in names:
-            if not self.store.use(name):
-                continue
-            meta = self.store.entry_meta(name)
-            if all(self.hasher.hash(p, mode) == h for p, mode, h in meta["inputs"]):
-                candidates.append(meta)
         if not names:
             return Decision(c, "compiled", reason=NO_MATCH)
+        chosen = self.choose(c, [self.store.entry_meta(name) for name in names if self.store.use(name)])
+        if isinstance(chosen, Decision):
+            return chosen
+        meta, decision, waived = chosen
+        return self._use(c, meta, decision, waived)
+
+    def choose(self, c: Compile, metas: list[dict[str, Any]]) -> tuple[dict[str, Any], str, list[str]] | Decision:
+        """The object record (of this compile's lookup key) that it may use, with its decision and waived
+        identifiers; else a 'compiled' decision saying why none fits. Records may come from the remote."""
+        _rest, defines = split_defines(c.argv)
+        candidates = [meta for meta in metas
+                      if all(self.hasher.hash(p, mode) == h for p, mode, h in meta["inputs"])]
         if not candidates:
-            return Decision(c, "compiled", reason=INPUT_CHANGED)
+            return Decision(c, "compiled", reason=INPUT_CHANGED if metas else NO_MATCH)
         weight = max(len(m["inputs"]) for m in candidates)
         # an exact match first, then one from another variant whose differing defines can be waived
         for meta in candidates:
             if not differing_defines(defines, meta["defines"]):
-                return self._use(c, meta, "reused", [])
+                return meta, "reused", []
         for meta in candidates:
             diff = differing_defines(defines, meta["defines"])
             blocker = self._waiver_blocker(c, meta, diff)
             if blocker is None:
-                return self._use(c, meta, "reused-variant", diff)
+                return meta, "reused-variant", diff
         return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}", weight=weight)
 
     def explain(self, c: Compile, previous: dict[str, Any] | None) -> str:
@@ -223,7 +227,7 @@ class ObjectCache:
         for p in paths:
             if self.hasher.temporal(p):
                 return Decision(c, "compiled-uncacheable", reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
-        lk = self._lookup(c)
+        lk = self.lookup(c)
         rest, defines = split_defines(c.argv)
         name = entry_name(object_key(lk, defines, inputs), "obj-" + os.path.basename(c.object))
         obj = Path(c.object)
@@ -243,9 +247,20 @@ class ObjectCache:
                                      "env": key_env("nvcc" if c.cuda else "cxx", self.env),
                                      "toolchain": self.toolchain, "built_by": producer,
                                      "refs": [f"blob:{digest}"]})
+        self._index(lk, name)
+        return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
+
+    def adopt(self, meta: dict[str, Any]) -> None:
+        """Publish an object record made elsewhere (the remote cache; its blob already verified in the store)
+        and list it under its lookup key, where find() then sees it like any other."""
+        with self.store.build_entry(meta["name"]) as staging:
+            if staging is not None:
+                staging.meta.update({**meta, "refs": [f"blob:{meta['object']}"]})
+        self._index(meta["lookup"], meta["name"])
+
+    def _index(self, lk: str, name: str) -> None:
         link = self.index / lk[:2] / lk / name
         fs.atomic_symlink(os.path.relpath(self.store.entry_path(name), link.parent), link)
-        return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
 
     def place(self, d: Decision) -> None:
         """Put a reused object where the link step expects it (a hard link to its blob)."""

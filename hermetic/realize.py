@@ -32,10 +32,12 @@ from .toolchain import toolchain_links
 
 if TYPE_CHECKING:
     from .fetch import Fetcher
+    from .remote import RemoteOptions
+    from .sharing import Sharing
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
-            explain: bool = False) -> Outcome:
+            explain: bool = False, remote: RemoteOptions | None = None) -> Outcome:
     started = time.monotonic()
     timings: dict[str, float] = {}
     unchanged = None if explain else noop_check(root, recipe_path, variant)   # 0. anything changed?
@@ -54,12 +56,13 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     name = recipe.name if variant is None else f"{recipe.name}.{variant}"
     root.ensure()
     store = Store(root.store).open()
+    share = open_sharing(store, recipe, remote, reporter)       # the remote cache, if one is configured
     builds = bool(recipe.extensions)
     env_locks = [p for p in recipe.locks if not (builds and p == recipe.toolchain_lock)]
     locks = [read_lock_cached(root.state, p) for p in env_locks]       # 2. qualify (tags and markers)
     t = lap("qualify", t)
     counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
-    unpacked = fetch_and_unpack(root, store, locks, reporter, counts)   # 3. fetch
+    unpacked = fetch_and_unpack(root, store, locks, reporter, counts, share)   # 3. fetch
     t = lap("fetch", t)
     files = merge_files((u.entry, u.files) for u in unpacked)    # 4. materialize
     links = toolchain_links(recipe.toolchain, files) if recipe.toolchain and not builds else {}
@@ -68,7 +71,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     changed = False
     if builds:                                                   # 5-8. toolchain, sources, build, check
         from .build_recipe import build_recipe  # compilers' machinery only for recipes that build
-        result = build_recipe(root, store, recipe, variants, reporter, counts, explain)
+        result = build_recipe(root, store, recipe, variants, reporter, counts, explain, share)
         t = lap("build", t)
         files.update({m.filename: (m.digest, False) for m in result.modules})
         refs += result.refs
@@ -84,6 +87,9 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     else:
         t = lap("materialize", t)
     counts["files"] = len(files)
+    if share is not None:
+        report["remote"] = share.summary()
+        share.remote.close()
     entries = sorted({tree, *(r[len("entry:"):] for r in refs if r.startswith("entry:"))})
     outcome = Outcome(name, recipe.path, profile, tree, entries, counts, timings,
                       changed=changed or built or counts["fetched"] > 0 or counts["unpacked"] > 0)
@@ -121,8 +127,23 @@ def _input_paths(recipe: Recipe, report: dict[str, Any]) -> list[Path]:
     return paths
 
 
+def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
+                 reporter: Reporter) -> Sharing | None:
+    """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote]."""
+    from .remote import resolve_settings
+    settings = resolve_settings(options, os.environ, recipe.remote_url, recipe.remote_mode,
+                                recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "")
+    if settings is None:
+        return None
+    from .remote import RemoteCache
+    from .sharing import Sharing
+    reporter.event("remote", f"remote cache {settings.url} ({'read-write' if settings.writable else 'read-only'})",
+                   **settings.record())
+    return Sharing(RemoteCache(settings, reporter), store)
+
+
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
-                     counts: dict[str, int]) -> list[Unpacked]:
+                     counts: dict[str, int], share: Sharing | None = None) -> list[Unpacked]:
     """Each locked wheel unpacked in the store, fetching only what is missing.
 
     The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
@@ -142,10 +163,20 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
         with store.build_entry(name) as staging:
             if staging is not None:
                 blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
+                if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
+                    blob = store.blob_path(shared)            # from the remote cache, verified
+                    size = blob.stat().st_size
+                    share.counts["wheels_fetched"] += 1
+                    counts["fetched"] += 1
+                    counts["fetched_bytes"] += size
+                    reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
+                                   wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
                 if blob is None:
                     if fetcher is None:  # requests and pip's configuration are loaded only when needed
                         fetcher = _make_fetcher(store, reporter)
                     blob, filename = _fetch(store, fetcher, w, reporter, counts)
+                    if share is not None:
+                        share.upload_blob(blob.name)
                 else:
                     filename = w.filename or _filename_from_wheel(w, blob)
                 store.temproots.add(f"blob:{blob.name}")

@@ -85,6 +85,8 @@ class Recipe:
     limits: Limits = field(default_factory=lambda: Limits(jobs=os.cpu_count() or 1))
     extensions: tuple[Extension, ...] = ()
     variants: tuple[Variant, ...] = ()
+    remote_url: str | None = None  # [remote] url: a team's cache (hermetic.remote), no credentials
+    remote_mode: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -106,7 +108,7 @@ class Recipe:
 def load_recipe(path: Path) -> Recipe:
     doc = load_toml(path)
     data = doc.data
-    check_keys(doc, data, {"recipe", "toolchain", "sources", "limits", "extensions", "variants"}, ())
+    check_keys(doc, data, {"recipe", "toolchain", "sources", "limits", "extensions", "variants", "remote"}, ())
     if "recipe" not in data:
         raise BadInput("the recipe has no [recipe] table", where=str(path),
                        hint="start the file with [recipe] and name = \"...\"")
@@ -136,8 +138,29 @@ def load_recipe(path: Path) -> Recipe:
     if not locks and not exts:
         raise BadInput("the recipe names no lock and builds nothing", where=doc.where("recipe"),
                        hint='add locks = ["../manifests/NAME.txt"] under [recipe], or [[extensions]]')
+    remote_url, remote_mode = _remote(doc, data.get("remote", {}))
     return Recipe(path.resolve(), name, locks, toolchain, doc, python, toolchain_lock, sources, limits, exts,
-                  variants or (Variant("default"),))
+                  variants or (Variant("default"),), remote_url, remote_mode)
+
+
+def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None]:
+    """[remote] url and mode. Credentials never go in a recipe: they come with the environment."""
+    kp: KeyPath = ("remote",)
+    table = expect_type(doc, raw, dict, kp)
+    check_keys(doc, table, {"url", "mode"}, kp)
+    url = get_key(doc, table, "url", str, kp)
+    mode = get_key(doc, table, "mode", str, kp)
+    if url is not None:
+        from .remote import split_credentials
+        _base, auth = split_credentials(url, doc.where(*kp, "url"))
+        if auth is not None:
+            raise BadInput("remote.url carries credentials; a recipe is shared, credentials are not",
+                           where=doc.where(*kp, "url"), hint="put the user:password@ URL in HERMETIC_REMOTE_CACHE, "
+                                                            "or a token in HERMETIC_REMOTE_CACHE_TOKEN")
+    if mode is not None and mode not in ("off", "ro", "rw"):
+        raise BadInput(f"remote.mode {mode!r} is not one of off, ro, rw", where=doc.where(*kp, "mode"),
+                       hint="ro reads the cache; rw also writes it (trusted builders only)")
+    return url, mode
 
 
 def _toolchain(doc: TomlDoc, folder: Path, data: dict[str, Any]) -> tuple[Toolchain | None, Path | None]:

@@ -16,6 +16,7 @@ import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import fs
 from .errors import BadInput, PreconditionFailed
@@ -25,6 +26,9 @@ from .recipe import Source
 from .reporter import Reporter
 from .root import Root
 from .store import Staging, Store, entry_name
+
+if TYPE_CHECKING:
+    from .sharing import Sharing
 
 SOURCE_VERSION = 1
 MAX_SOURCE_BYTES = 4 << 30   # a decompression bomb stops here, not at a full disk
@@ -41,7 +45,7 @@ class SourceTree:
 
 
 def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, ...],
-                   reporter: Reporter) -> SourceTree:
+                   reporter: Reporter, share: Sharing | None = None) -> SourceTree:
     origin = _folder_key(src.path) if src.path is not None else src.sha256
     assert origin is not None
     key = fs.sha256_bytes(fs.canonical_json({
@@ -55,7 +59,7 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
         if src.path is not None:
             _copy_folder(src.path, staging.out)
         else:
-            archive = _fetch_archive(store, src, reporter)
+            archive = _fetch_archive(store, src, reporter, share)
             _extract(archive, src, staging.out)
         for patch in patches:
             apply_patch(patch, staging.out)
@@ -101,10 +105,10 @@ def _copy_folder(folder: Path, out: Path) -> None:
             shutil.copy2(Path(dirpath) / f, out / rel / f)
 
 
-def _fetch_archive(store: Store, src: Source, reporter: Reporter) -> Path:
+def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: Sharing | None) -> Path:
     assert src.sha256 is not None
     store.temproots.add(f"blob:{src.sha256}")
-    if store.has_blob(src.sha256):
+    if store.has_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
         return store.blob_path(src.sha256)
     from .fetch import Fetcher
     from .pipconfig import load_pip_config
@@ -119,7 +123,10 @@ def _fetch_archive(store: Store, src: Source, reporter: Reporter) -> Path:
                              local, None, src.where)
     with Fetcher(load_pip_config(), store.tmp, reporter) as fetcher:
         got = fetcher.fetch(locked)
-    return store.put_blob_file(got.path, got.sha256)
+    blob = store.put_blob_file(got.path, got.sha256)
+    if share is not None:
+        share.upload_blob(got.sha256)
+    return blob
 
 
 def _extract(archive: Path, src: Source, out: Path) -> None:

@@ -1,0 +1,4 @@
+#pragma once
+
+int kernel_value();
+long long table_sum();
