@@ -52,6 +52,11 @@ class Nvml:
         return (self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM),
                 self.nv.nvmlDeviceGetCurrentClocksEventReasons(self.h))
 
+    def pids(self) -> set[int]:
+        if self.nv is None:
+            return set()
+        return {int(p.pid) for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)}
+
     def block_counters(self) -> dict[str, Any]:
         if self.nv is None:
             return {}
@@ -91,6 +96,12 @@ def outputs_bits(out: dict[str, Any]) -> dict[str, Any]:
     return bits
 
 
+def tensor_bytes(t: Any) -> bytes:
+    """The raw bytes of a contiguous CPU tensor (no numpy needed)."""
+    import ctypes
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
 def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tuple, Any]
                     ) -> tuple[list[dict[str, Any]], dict[str, str], int]:
     """(mismatches, batch-1 digests, comparisons made)."""
@@ -128,7 +139,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                     if batch == 1:
                         h = hashlib.sha256()
                         for name in ("proposals", "confidence"):
-                            h.update(name.encode() + ref[name].numpy().tobytes())
+                            h.update(name.encode() + tensor_bytes(ref[name]))
                         digests[f"s{s:02d}/d{depth}/{k}"] = h.hexdigest()
                     sw.load(rows, [0] * batch)
                     sw()
@@ -217,7 +228,7 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tu
     samples: list[dict[str, Any]] = []
     blocks: list[dict[str, Any]] = []
     flags: dict[str, Any] = {"other_process_seen": [], "settles": 0}
-    me = os.getpid()
+    mine = set(plan.get("own_gpu_pids", [])) | {os.getpid()}
     reps = proto["repetitions"]
     total_blocks = reps * len(labels)
     for rep in range(reps):
@@ -238,7 +249,7 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tu
                 gc.enable()
             after = nvml.block_counters()
             block = {"label": label, "rep": rep, "pos": pos, "before": before, "after": after}
-            others = sorted(set(after.get("processes", [])) - {me}) if after else []
+            others = sorted(set(after.get("processes", [])) - mine) if after else []
             if others:
                 flags["other_process_seen"].append({"rep": rep, "label": label, "pids": others})
             heavy = bool(after) and (after["power_w"] >= plan["heavy_power_w"]
@@ -337,10 +348,15 @@ def main(argv: list[str]) -> int:
     device = plan["device"]
     if device == "cuda":
         torch.cuda.set_device(0)
+    nvml = Nvml(plan.get("gpu_uuid"))
+    before = nvml.pids()
     worker = factory({"params": plan["params"], "device": device, "kernels": kernels, "p2p": p2p})
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # NVML may report host pids inside a container: our own context is whatever appeared with it
+    plan["own_gpu_pids"] = sorted(nvml.pids() - before)
     states = wmod.load_states(plan["states"])
     say("progress", phase="load", done=1, total=1)
-    nvml = Nvml(plan.get("gpu_uuid"))
     calls: dict[tuple, Any] = {}
     t0 = time.monotonic()
     mismatches, digests, made = check_exactness(plan, worker, states, calls)
@@ -352,7 +368,8 @@ def main(argv: list[str]) -> int:
         p2p_result = measure_p2p(p2p, plan["peer_bytes"], 20)
     results = {"format": 1, "environment": environment_facts(plan, modules), "p2p": p2p_result,
                "exactness": {"comparisons": made, "mismatches": mismatches, "seconds": round(t_checks, 3)},
-               "digests": digests, "samples": samples, "blocks": blocks, "flags": flags,
+               "digests": digests, "samples": samples, "blocks": blocks,
+               "flags": {**flags, "own_gpu_pids": plan["own_gpu_pids"], "gpu_pids_before": sorted(before)},
                "measure_seconds": round(time.monotonic() - t0 - t_checks, 3)}
     tmp = plan["results"] + ".tmp"
     with open(tmp, "w") as f:

@@ -125,6 +125,12 @@ def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, An
     })
     if os.environ.get("CUDA_MODULE_LOADING"):  # recorded, not changed
         env["CUDA_MODULE_LOADING"] = os.environ["CUDA_MODULE_LOADING"]
+    # the driver's libraries (libcuda, libnvidia-ml) may live on the host's library path; a system CUDA
+    # toolkit's folders never pass
+    kept = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+            if d and "/cuda" not in d.lower()]
+    if kept:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(kept)
     return env
 
 

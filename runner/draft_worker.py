@@ -115,7 +115,10 @@ class Call:
             raise ValueError("states and mask must have the call's batch size")
         if any(mask) and self.graph == "original":
             raise ValueError("the original graph is greedy only")
-        v = self.w.params["vocab"]
+        v, h = self.w.params["vocab"], self.w.params["hidden"]
+        if any(s["hidden"].numel() != h or not 0 <= s["token"] < v for s in states):
+            raise ValueError(f"request states do not fit the worker (hidden {h}, vocab {v}): "
+                             "write matching states with runner/make_states.py --hidden H --vocab V")
         self.tokens.copy_(torch.tensor([s["token"] for s in states]))
         self.hidden.copy_(torch.stack([s["hidden"] for s in states]))
         self.mask.copy_(torch.tensor([bool(m) for m in mask]))
@@ -188,7 +191,9 @@ def _gumbel(seed: int, depth: int, vocab: int) -> torch.Tensor:
 
 
 class DraftWorker:
-    """The worker as the runner sees it: ``prepare(...)`` returns a ready ``Call``."""
+    """The worker as the runner sees it: ``prepare(...)`` returns a ready ``Call`` (``call_class``)."""
+
+    call_class = Call
 
     def __init__(self, params: dict[str, Any], device: str, kernels: dict[str, Any], p2p: Any) -> None:
         self.params = {**DEFAULTS, **params}
@@ -202,7 +207,7 @@ class DraftWorker:
     def prepare(self, *, graph: str, depth: int, batch: int, kernels: str) -> Call:
         if kernels not in self.kernels:
             raise ValueError(f"kernels {kernels!r} not available here (have: {sorted(self.kernels)})")
-        return Call(self, graph, depth, batch, kernels)
+        return self.call_class(self, graph, depth, batch, kernels)
 
     # tensor-parallel pieces -----------------------------------------------------------------------------
     def _stream_ptr(self) -> int:
