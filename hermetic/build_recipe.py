@@ -41,6 +41,7 @@ def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Varian
     if recipe.toolchain is None or recipe.toolchain_lock is None:
         raise BadInput("a recipe that builds extensions needs [toolchain] with cuda and lock",
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
+    reporter.event("phase", phase="toolchain")
     tc_name = f"{recipe.name}.toolchain"
     unpacked = fetch_and_unpack(root, store, [read_lock_cached(root.state, recipe.toolchain_lock)], reporter,
                                 counts, share)
@@ -56,6 +57,7 @@ def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Varian
     refs = [f"entry:{tc_tree}"]
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
+    reporter.event("phase", phase="sources")
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
             if variant.patches and len({e.source for e in recipe.extensions}) > 1:

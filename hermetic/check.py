@@ -6,7 +6,6 @@ mapped no library from a system CUDA.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,23 @@ try:
     res["nvml"] = {"gpus": n, "our_process_listed": os.getpid() in pids}
 except Exception as e:
     res["nvml"] = {"unavailable": type(e).__name__}
-print(json.dumps(res))
+print("hermetic-probe-result: " + json.dumps(res))
 """
+RESULT_MARK = "hermetic-probe-result: "
+
+
+def run_probe(argv: list[str], *, env: dict[str, str], cwd: str) -> tuple[dict[str, Any] | None, str]:
+    """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
+    (procs.run_limited). Its result is the JSON after RESULT_MARK; stdout and stderr arrive merged.
+    Returns (result, or None when it failed; its other output)."""
+    from .procs import Limits, run_limited
+    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None)
+    found = [line for line in tail if line.startswith(RESULT_MARK)]
+    text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))
+    if rc != 0 or not found:
+        return None, text
+    result: dict[str, Any] = json.loads(found[-1][len(RESULT_MARK):])
+    return result, text
 
 
 def import_check(root: Root, python: str, profile: Path, modules: list[str], tree: str,
@@ -49,12 +63,11 @@ def import_check(root: Root, python: str, profile: Path, modules: list[str], tre
         pass
     run_env = {**env, "PYTHONPATH": str(profile)}
     run_env.pop("CUDA_VISIBLE_DEVICES", None)  # where a GPU exists, let the import see it: it must not use it
-    p = subprocess.run([python, "-c", _PROBE, *modules], capture_output=True, text=True, env=run_env,
-                       cwd=str(root.tmp), timeout=600)
-    if p.returncode != 0:
-        raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{p.stderr[-3000:]}",
+    found, output = run_probe([python, "-c", _PROBE, *modules], env=run_env, cwd=str(root.tmp))
+    if found is None:
+        raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
                          where=str(profile), hint="a module that builds but does not import: see the error")
-    result: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = found
     problems = []
     if result["cuda_initialized"]:
         problems.append("torch reports a CUDA context after the import")

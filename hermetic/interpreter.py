@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ else:
         "nvidia_include": nv_inc if nv_inc and os.path.isdir(nv_inc) else None,
         "cxx": ce.get_cxx_compiler(),
     }
-print(json.dumps(out))
+print("hermetic-probe-result: " + json.dumps(out))
 """
 
 
@@ -86,15 +85,12 @@ def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, An
     # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
     env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
                CUDA_VISIBLE_DEVICES="", PYTHONNOUSERSITE="1")
-    try:
-        p = subprocess.run([str(exe), "-c", _PROBE], capture_output=True, text=True, env=env, timeout=600)
-    except OSError as e:
-        raise BadInput(f"cannot run the host interpreter {exe}: {e.strerror}", where="recipe.python",
-                       hint="point recipe.python at a working Python 3.11-3.13") from None
-    if p.returncode != 0:
-        raise PreconditionFailed(f"the host interpreter {exe} could not be qualified:\n{p.stderr[-2000:]}",
+    from .check import run_probe  # in a session of its own: it dies with hermetic, like a compiler
+    found, output = run_probe([str(exe), "-c", _PROBE], env=env, cwd=str(root.tmp))
+    if found is None:
+        raise PreconditionFailed(f"the host interpreter {exe} could not be qualified:\n{output[-2000:]}",
                                  hint="check that it starts and that torch imports in it")
-    facts: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    facts: dict[str, Any] = found
     t = facts["torch"]
     record = {"version": FACTS_VERSION, "key": _identity(exe, t["version_file"] if t else None), "facts": facts}
     fs.atomic_write(cache, fs.pretty_json(record), durable=False)

@@ -44,6 +44,9 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     if unchanged is not None:
         unchanged.timings["total"] = round(time.monotonic() - started, 4)
         return unchanged
+    from .audit import OutsideRootAudit
+    audit = OutsideRootAudit(root.path)                         # what children leave outside the root
+    audit.start()
 
     def lap(step: str, t: float) -> float:
         now = time.monotonic()
@@ -77,10 +80,12 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
         refs += result.refs
         report = result.report
         changed = result.changed
+    reporter.event("phase", phase="materializing")
     tree, built = build_tree(store, name, files, links, refs=refs)
     profile = set_profile(root.profiles, name, store, tree)
     if builds:
         from .check import import_check
+        reporter.event("phase", phase="checking")
         report["import_check"] = import_check(root, report["host"]["executable"], profile,
                                               [m.module for m in result.modules], tree, result.env)
         t = lap("check", t)
@@ -93,11 +98,14 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     entries = sorted({tree, *(r[len("entry:"):] for r in refs if r.startswith("entry:"))})
     outcome = Outcome(name, recipe.path, profile, tree, entries, counts, timings,
                       changed=changed or built or counts["fetched"] > 0 or counts["unpacked"] > 0)
+    reporter.event("phase", phase="receipt")
     outcome.changed |= write_root(root, name, recipe, entries)   # 9. receipt and gc root
-    if outcome.changed:
+    latest = None if outcome.changed else latest_receipt(root, name)
+    if latest is None or not _receipt_records(latest, tree):  # also when a killed realize wrote none
+        report["outside_root_audit"] = audit.finish()
         outcome.receipt = write_receipt(root, outcome, locks, unpacked, report)
     else:
-        outcome.receipt = latest_receipt(root, name)
+        outcome.receipt = latest
     record_inputs(root, recipe.path, variant, _input_paths(recipe, report), outcome)
     lap("receipt", t)
     timings["total"] = round(time.monotonic() - started, 4)
@@ -162,6 +170,7 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
         name = unpacked_entry_name(w.hashes[0], w.name)
         with store.build_entry(name) as staging:
             if staging is not None:
+                fresh: Path | None = None
                 blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
                 if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
                     blob = store.blob_path(shared)            # from the remote cache, verified
@@ -174,13 +183,21 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
                 if blob is None:
                     if fetcher is None:  # requests and pip's configuration are loaded only when needed
                         fetcher = _make_fetcher(store, reporter)
+                    reporter.event("phase", phase="fetching")
                     blob, filename = _fetch(store, fetcher, w, reporter, counts)
+                    fresh = blob
                     if share is not None:
                         share.upload_blob(blob.name)
                 else:
                     filename = w.filename or _filename_from_wheel(w, blob)
                 store.temproots.add(f"blob:{blob.name}")
-                _unpack_blob(staging, blob, blob.name, filename, w.where)
+                reporter.event("phase", phase="materializing")
+                try:
+                    _unpack_blob(staging, blob, blob.name, filename, w.where)
+                except BadInput:
+                    if blob == fresh:  # a hostile wheel fetched just now does not stay in the store
+                        blob.unlink(missing_ok=True)
+                    raise
                 counts["unpacked"] += 1
                 reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
             else:
@@ -288,6 +305,13 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     path = root.receipts / f"{outcome.name}-{stamp}-{digest}.json"
     fs.atomic_write_json(path, body, pretty=True)
     return path
+
+
+def _receipt_records(receipt: Path, tree: str) -> bool:
+    try:
+        return bool(fs.read_json(receipt).get("tree") == tree)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def latest_receipt(root: Root, name: str) -> Path | None:
