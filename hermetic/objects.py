@@ -234,7 +234,7 @@ class ObjectCache:
         digest, size = fs.sha256_file(obj)
         with self.store.build_entry(name) as staging:
             if staging is not None:
-                if not self.store.has_blob(digest):
+                if not self.store.use_blob(digest):
                     # the blob must be its own inode: a later compile rewrites the build folder's object
                     with fs.scratch_file(self.store.tmp, "obj-") as tmp:
                         shutil.copyfile(obj, tmp)

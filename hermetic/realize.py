@@ -171,7 +171,7 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
         with store.build_entry(name) as staging:
             if staging is not None:
                 fresh: Path | None = None
-                blob = next((store.blob_path(h) for h in w.hashes if store.has_blob(h)), None)
+                blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h)), None)
                 if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
                     blob = store.blob_path(shared)            # from the remote cache, verified
                     size = blob.stat().st_size

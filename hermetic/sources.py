@@ -108,7 +108,7 @@ def _copy_folder(folder: Path, out: Path) -> None:
 def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: Sharing | None) -> Path:
     assert src.sha256 is not None
     store.temproots.add(f"blob:{src.sha256}")
-    if store.has_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
+    if store.use_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
         return store.blob_path(src.sha256)
     from .fetch import Fetcher
     from .pipconfig import load_pip_config

@@ -89,10 +89,17 @@ class Store:
     def has_blob(self, digest: str, executable: bool = False) -> bool:
         return self.blob_path(digest, executable).exists()
 
+    def use_blob(self, digest: str, executable: bool = False) -> bool:
+        """Pin a blob for this process (a temp root); False if it does not exist. Like ``use``, atomic with
+        respect to gc: a blob found here stays until this process ends."""
+        with self.gc_lock():
+            self.temproots.add(f"blob:{blob_name(digest, executable)}")
+            return self.has_blob(digest, executable)
+
     def put_blob_file(self, src: Path, digest: str, executable: bool = False) -> Path:
-        """Move a verified temp file (on the store's file system) into place as a read-only blob."""
+        """Move a verified temp file (on the store's file system) into place as a read-only blob (pinned)."""
         dst = self.blob_path(digest, executable)
-        if dst.exists():
+        if self.use_blob(digest, executable):
             src.unlink()
             return dst
         dst.parent.mkdir(exist_ok=True)
@@ -115,13 +122,12 @@ class Store:
                     out.write(chunk)
                     size += len(chunk)
             digest = h.hexdigest()
-            if not self.has_blob(digest, executable):
-                self.put_blob_file(tmp, digest, executable)
+            self.put_blob_file(tmp, digest, executable)
         return digest, size
 
     def put_blob_bytes(self, data: bytes, executable: bool = False) -> str:
         digest = hashlib.sha256(data).hexdigest()
-        if not self.has_blob(digest, executable):
+        if not self.use_blob(digest, executable):
             with fs.scratch_file(self.tmp, "blob-") as tmp:
                 tmp.write_bytes(data)
                 self.put_blob_file(tmp, digest, executable)
@@ -161,8 +167,7 @@ class Store:
         Concurrent builders of the same entry wait on its lock and then find it built.
         """
         with self.entry_lock(name):
-            if self.has_entry(name):
-                self.temproots.add(f"entry:{name}")
+            if self.use(name):
                 yield None
                 return
             staging = Staging(self, name)
@@ -173,9 +178,15 @@ class Store:
                 staging.discard()
 
     def use(self, name: str) -> bool:
-        """Pin an existing entry for this process (a temp root); False if it does not exist."""
-        self.temproots.add(f"entry:{name}")
-        return self.has_entry(name)
+        """Pin an existing entry for this process (a temp root); False if it does not exist.
+
+        Pin and check happen under the gc lock (shared): gc plans and deletes under it (exclusive), so it
+        either sees this pin or has finished deleting before the check. Without the lock, gc could plan,
+        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py).
+        """
+        with self.gc_lock():
+            self.temproots.add(f"entry:{name}")
+            return self.has_entry(name)
 
     def invalidate(self, name: str) -> Path | None:
         """Rename an entry into trash/: from this moment it is invalid garbage. Returns its trash path."""

@@ -1,13 +1,20 @@
-"""Concurrent realizes of one recipe on one root: all succeed, each wheel is fetched and unpacked once."""
+"""Concurrent realizes of one recipe on one root: all succeed, each wheel is fetched and unpacked once and each
+object compiled once; gc running during realizes never deletes what they use."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+from hermetic.build import read_certificate
+from hermetic.store import Store
 from tests.conftest import REPO, Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
+from tests.support.builds import Project
 from tests.support.index import LoopbackIndex
 
 
@@ -31,3 +38,117 @@ def test_four_realizes_at_once_build_each_entry_once(tmp_path: Path, hermetic: H
     assert len(trees) == 1
     assert len(tree_snapshot(hermetic.root / "profiles" / "conc")) == 4 * (33 + 4)  # files + dist-info
     assert hermetic("verify").rc == 0
+
+
+def _popen_realize(root: Path, recipe: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hermetic", "--root", str(root), "realize", str(recipe), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def test_four_builds_at_once_compile_each_object_once(tmp_path: Path, shared_root: Path) -> None:
+    proj = Project(tmp_path / "p", "conc4", shared_root)
+    proj.edit("clock.cpp", "__TIME__", '"fixed"')  # else clock.cpp is never stored, so compiled by each
+    procs = [_popen_realize(shared_root, proj.recipe, dict(os.environ)) for _ in range(4)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _out, err in outputs]
+    certs = []
+    for out, _err in outputs:
+        receipt = json.loads(Path(json.loads(out.splitlines()[-1])["receipt"]).read_text())
+        certs.append(read_certificate(Store(shared_root / "store"), receipt["modules"][0]["certificate_blob"]))
+    compiled: dict[str, int] = {}
+    for cert in certs:
+        for o in cert["objects"]:
+            compiled[o["source"]] = compiled.get(o["source"], 0) + (o["decision"] == "compiled")
+            assert o["decision"] in ("compiled", "reused"), o
+    assert compiled == {s: 1 for s in ("bindings.cpp", "clock.cpp", "host.cpp", "kern.cu", "named.cpp", "other.cpp")}
+    assert len({json.loads(out.splitlines()[-1])["tree"] for out, _err in outputs}) == 1
+    assert len({c["module_sha256"] for c in certs}) == 1
+
+
+def _drop_records(root: Path, name: str) -> None:
+    """What `gc --drop-root NAME` does before it collects: the entries stay, unrooted."""
+    (root / "roots" / f"{name}.json").unlink()
+    (root / "profiles" / name).unlink()
+    for p in (root / "receipts").glob(f"{name}-*.json"):
+        p.unlink()
+
+
+# The real gc, paused between planning and deleting until a file appears: what a store of thousands of
+# entries does for seconds, made wide enough to land a realize in it every time.
+PAUSED_GC = """
+import os, sys, time
+import hermetic.gc as g
+plan = g.plan
+def paused(*args, **kwargs):
+    p = plan(*args, **kwargs)
+    print("planned", file=sys.stderr, flush=True)
+    while not os.path.exists(os.environ["GC_GO"]):
+        time.sleep(0.01)
+    return p
+g.plan = paused
+from hermetic.cli import main
+raise SystemExit(main())
+"""
+
+
+def test_gc_between_plan_and_delete_never_deletes_what_a_realize_uses(tmp_path: Path, hermetic: Hermetic,
+                                                                      index: LoopbackIndex) -> None:
+    """A realize that reuses unrooted entries (a dropped root) starts after gc planned to delete them and
+    before gc deletes them. It must either pin them before gc decides or find them gone after gc is done;
+    never succeed on entries gc then deletes (the realize's profile would point at nothing)."""
+    wheels = [make_pkg(tmp_path / "whl", f"race{i}", "1.0") for i in range(6)]
+    index.add(*(w.path for w in wheels))
+    recipe = write_recipe(tmp_path / "r", "race", "".join(pip_lock_line(w) for w in wheels))
+    hermetic("realize", recipe, check=True)
+    _drop_records(hermetic.root, "race")
+    go = tmp_path / "go"
+    gc = subprocess.Popen([sys.executable, "-c", PAUSED_GC, "--root", str(hermetic.root), "gc", "--json"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**hermetic.env, "GC_GO": str(go)}, cwd=REPO)
+    assert gc.stderr is not None and gc.stderr.readline().strip() == "planned"
+    realize = _popen_realize(hermetic.root, recipe, hermetic.env)
+    try:
+        realize.wait(timeout=3)  # unfixed, the realize finishes inside gc's window; fixed, it waits for gc
+    except subprocess.TimeoutExpired:
+        pass
+    go.touch()
+    (out, err), (gc_out, _gc_err) = realize.communicate(timeout=300), gc.communicate(timeout=300)
+    assert gc.returncode == 0 and realize.returncode == 0, err[-3000:]
+    deleted = json.loads(gc_out.splitlines()[-1])["dead_entries"]
+    assert len(deleted) == 7  # the six unpacked wheels and the tree: gc did delete what it planned to
+    assert json.loads(out.splitlines()[-1])["counts"]["fetched"] == 6  # so the realize fetched them again
+    res = hermetic("verify", "--json")
+    assert res.rc == 0, res.out[-3000:]
+    assert len(tree_snapshot(hermetic.root / "profiles" / "race")) == 6 * (33 + 4)
+
+
+def test_gc_in_a_loop_during_a_build(tmp_path: Path, shared_root: Path) -> None:
+    """gc runs again and again while a cold build publishes objects, a module and trees not yet rooted."""
+    proj = Project(tmp_path / "p", "gcloop", shared_root)
+    root = tmp_path / "root"
+    shutil.copytree(shared_root / "store", root / "store", symlinks=True, copy_function=os.link)
+    for folder in ("roots", "profiles", "state"):
+        if (shared_root / folder).exists():
+            shutil.copytree(shared_root / folder, root / folder, symlinks=True)
+    proj.root = root
+    stop = threading.Event()
+    runs: list[int] = []
+
+    def collect() -> None:
+        while not stop.is_set():
+            p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "gc"], capture_output=True,
+                               text=True, cwd=REPO, timeout=300)
+            runs.append(p.returncode)
+
+    thread = threading.Thread(target=collect)
+    thread.start()
+    try:
+        done = proj.realize()
+    finally:
+        stop.set()
+        thread.join()
+    assert done.result["ok"] is True and len(runs) >= 2 and set(runs) == {0}, runs
+    assert set(done.decisions.values()) <= {"compiled", "compiled-uncacheable"}
+    res = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "verify"], capture_output=True,
+                         text=True, cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
