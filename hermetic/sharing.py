@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from . import fs
 from .actionresult import SHA256_RE, OutputFile
 from .flags import Compile
-from .keys import object_key
+from .keys import lookup_key, object_key, split_defines
 from .objects import Decision, ObjectCache
 from .remote import RemoteCache
 from .store import STORE_FORMAT, Store, entry_name
@@ -227,6 +227,15 @@ def _invalid_record(data: bytes, name: str, lookup: str, object_file: OutputFile
     key = object_key(lookup, defines, inputs)
     if meta.get("key") != key or entry_name(key, name[33:]) != name:
         return "its name is not the key of its inputs"
+    # the recorded command is run again by `verify --rebuild-sample`: it must be the one the key describes
+    command, env, toolchain = meta.get("command"), meta.get("env"), meta.get("toolchain")
+    if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)
+            and isinstance(env, dict) and isinstance(toolchain, dict) and isinstance(meta.get("output"), str)):
+        return "malformed command"
+    rest, command_defines = split_defines(command)
+    if rest != meta.get("argv") or command_defines != defines or \
+            all(lookup_key(kind, command, env, toolchain) != lookup for kind in ("cxx", "nvcc")):
+        return "its command is not the one its lookup key describes"
     if meta.get("object") != object_file.digest or meta.get("size") != object_file.size:
         return "it names another object than the list"
     return None

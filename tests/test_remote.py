@@ -29,8 +29,8 @@ import pytest
 
 from hermetic.actionresult import OutputFile, decode_action_result, encode_action_result
 from hermetic.build import read_certificate
-from hermetic.keys import object_key
-from hermetic.remote import RemoteCache, RemoteOptions, resolve_settings
+from hermetic.keys import lookup_key, object_key, split_defines
+from hermetic.remote import RemoteCache, RemoteOptions, RemoteSettings, resolve_settings
 from hermetic.reporter import Reporter
 from hermetic.sharing import Sharing, objects_key
 from hermetic.store import STORE_FORMAT, Store, entry_name
@@ -311,15 +311,17 @@ def _upload_same_record(args: tuple[str, str, int]) -> dict[str, int]:
 def _record() -> tuple[dict[str, Any], bytes]:
     """A real object record (keys from hermetic.keys) with a 3 MiB object."""
     blob = bytes(range(256)) * (12 << 10)
-    lookup = hashlib.sha256(b"concurrency lookup").hexdigest()
+    command = ["c++", "-DX=1", "-c", "/nonexistent/concurrency.cpp", "-o", "/nonexistent/concurrency.o"]
+    argv, defines = split_defines(command)
+    lookup = lookup_key("cxx", command, {}, {"host_compilers": "test"})
     inputs = [["/nonexistent/concurrency.cpp", "raw", hashlib.sha256(b"src").hexdigest()]]
-    key = object_key(lookup, {}, inputs)
+    key = object_key(lookup, defines, inputs)
     name = entry_name(key, "obj-concurrency.o")
     digest = hashlib.sha256(blob).hexdigest()
     meta = {"format": STORE_FORMAT, "kind": "object", "name": name, "key": key, "lookup": lookup,
-            "source": "concurrency.cpp", "object": digest, "size": len(blob), "inputs": inputs, "defines": {},
-            "argv": ["c++"], "command": ["c++"], "output": "/nonexistent/concurrency.o", "env": {},
-            "toolchain": {}, "built_by": {"host": "test"}, "refs": [f"blob:{digest}"]}
+            "source": "concurrency.cpp", "object": digest, "size": len(blob), "inputs": inputs, "defines": defines,
+            "argv": argv, "command": command, "output": command[-1], "env": {},
+            "toolchain": {"host_compilers": "test"}, "built_by": {"host": "test"}, "refs": [f"blob:{digest}"]}
     return meta, blob
 
 
@@ -342,6 +344,34 @@ def test_concurrent_uploads_of_the_same_keys(team: Team, tmp_path: Path) -> None
     assert settings is not None
     reader = Sharing(RemoteCache(settings, Reporter(stderr=io.StringIO())), Store(tmp_path / "reader").open())
     assert reader._records(meta["lookup"]) == [meta]
+
+
+def test_a_record_whose_command_its_key_does_not_describe_is_refused(team: Team, tmp_path: Path) -> None:
+    """`verify --rebuild-sample` runs a record's command again: a writer cannot slip another one in."""
+    meta, blob = _record()
+    meta = {**meta, "command": ["sh", "-c", "touch /tmp/pwned", "-DX=1", "-o", "x.o"],
+            "lookup": hashlib.sha256(b"another lookup").hexdigest()}
+    writer = Sharing(RemoteCache(_settings(team.server.writer_url, "rw"), Reporter(stderr=io.StringIO())),
+                     Store(tmp_path / "writer").open())
+    writer.store.put_blob_bytes(blob)
+    writer.upload_objects([meta])
+    assert writer.counts["objects_uploaded"] == 1  # the server takes anything from a writer
+    out = io.StringIO()
+    reader = Sharing(RemoteCache(_settings(team.server.url, "ro"), Reporter(stderr=out)),
+                     Store(tmp_path / "reader").open())
+    assert reader._records(meta["lookup"]) == []
+    assert "is not valid (its name is not the key of its inputs)" in out.getvalue()
+    meta["key"] = object_key(meta["lookup"], meta["defines"], meta["inputs"])
+    meta["name"] = entry_name(meta["key"], "obj-concurrency.o")  # consistent key, foreign command
+    writer.upload_objects([meta])
+    assert reader._records(meta["lookup"]) == []
+    assert "its command is not the one its lookup key describes" in out.getvalue()
+
+
+def _settings(url: str, mode: str) -> RemoteSettings:
+    settings = resolve_settings(RemoteOptions(url, mode), {})
+    assert settings is not None
+    return settings
 
 
 # failures a loopback server can produce on demand -------------------------------------------------------------
