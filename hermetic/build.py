@@ -189,6 +189,7 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
     name = entry_name(key, f"mod-{plan.module}")
     linked = False
     reporter.event("phase", phase="linking")
+    _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use
     module_from = "reused"
     with store.build_entry(name) as staging:
         if staging is not None:
@@ -215,6 +216,23 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
         share.upload_module(key, filename, meta["so"], cert_blob)
     return BuiltModule(plan.module, filename, name, meta["so"], fs.sha256_bytes(raw), cert_blob, decisions,
                        linked)
+
+
+def _drop_if_corrupt(store: Store, name: str) -> None:
+    """Invalidate a stored module whose file no longer hashes to its record: it is linked again, and the
+    blob healed in place with the new bytes (Store.put_blob_bytes), trees that hold it included."""
+    try:
+        digest = store.entry_meta(name).get("so")
+    except OSError:
+        return  # not built yet
+    except WorkFailed:
+        digest = None  # its record is damaged: link it again
+    if isinstance(digest, str) and store.blob_path(digest).exists() \
+            and fs.sha256_file(store.blob_path(digest))[0] == digest:
+        return
+    trash = store.invalidate(name)
+    if trash is not None:
+        fs.remove_tree(trash)
 
 
 def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import fs
-from .errors import BadInput
+from .errors import BadInput, WorkFailed
 from .store import Store, entry_name
 
 UNPACKER_VERSION = 1
@@ -103,7 +103,13 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
                 os.makedirs(f"{base}/{parent}", exist_ok=True)
                 made.update(_ancestors(parent))
             # plain strings: pathlib costs more than the link itself over a few thousand files
-            fs.link_or_copy(f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}", f"{base}/{rel}")
+            blob = f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}"
+            try:
+                fs.link_or_copy(blob, f"{base}/{rel}")
+            except FileNotFoundError:
+                raise WorkFailed(f"the store has no blob {digest[:16]}… for {rel} of {label}", where=blob,
+                                 hint="an entry's record names a missing blob: run `hermetic verify --repair`") \
+                    from None
         for rel, target in sorted(links.items()):
             check_relpath(rel)
             _check_link_target(rel, target)

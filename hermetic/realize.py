@@ -101,7 +101,7 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     reporter.event("phase", phase="receipt")
     outcome.changed |= write_root(root, name, recipe, entries)   # 9. receipt and gc root
     latest = None if outcome.changed else latest_receipt(root, name)
-    if latest is None or not _receipt_records(latest, tree):  # also when a killed realize wrote none
+    if latest is None or not _receipt_records(latest, tree, store):  # also when a killed realize wrote none
         report["outside_root_audit"] = audit.finish()
         outcome.receipt = write_receipt(root, outcome, locks, unpacked, report)
     else:
@@ -307,10 +307,16 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     return path
 
 
-def _receipt_records(receipt: Path, tree: str) -> bool:
+def _receipt_records(receipt: Path, tree: str, store: Store) -> bool:
+    """Whether a receipt describes ``tree``, with its certificates still sound (a corrupt one is not reused
+    as this realize's record: a new receipt names the certificate just written)."""
     try:
-        return bool(fs.read_json(receipt).get("tree") == tree)
-    except (OSError, ValueError, AttributeError):
+        body = fs.read_json(receipt)
+        if body.get("tree") != tree:
+            return False
+        return all(fs.sha256_file(store.blob_path(m["certificate_blob"]))[0] == m["certificate_blob"]
+                   for m in body.get("modules", []))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
         return False
 
 

@@ -126,12 +126,31 @@ class Store:
         return digest, size
 
     def put_blob_bytes(self, data: bytes, executable: bool = False) -> str:
+        """Publish ``data`` as a blob; an existing blob of that name whose bytes are no longer ``data`` (a
+        flipped bit) is healed in place, so every tree that links it is right again."""
         digest = hashlib.sha256(data).hexdigest()
         if not self.use_blob(digest, executable):
             with fs.scratch_file(self.tmp, "blob-") as tmp:
                 tmp.write_bytes(data)
                 self.put_blob_file(tmp, digest, executable)
+        elif fs.sha256_file(self.blob_path(digest, executable))[0] != digest:
+            self.heal_blob(digest, executable, data)
         return digest
+
+    def heal_blob(self, digest: str, executable: bool, data: bytes) -> None:
+        """Rewrite a corrupt blob's bytes in place (its inode is shared by every tree that holds the file)."""
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"healing blob {digest} with other bytes")
+        path = self.blob_path(digest, executable)
+        os.chmod(path, 0o644)
+        try:
+            with open(path, "r+b") as f:
+                f.write(data)
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.chmod(path, 0o555 if executable else 0o444)
 
     def iter_blobs(self) -> Iterator[tuple[str, bool, Path]]:
         if not self.blobs.exists():
@@ -149,7 +168,15 @@ class Store:
         return (self.entries / name / ENTRY_META).exists()
 
     def entry_meta(self, name: str) -> dict[str, Any]:
-        meta: dict[str, Any] = fs.read_json(self.entries / name / ENTRY_META)
+        path = self.entries / name / ENTRY_META
+        try:
+            meta: dict[str, Any] = fs.read_json(path)
+        except (ValueError, UnicodeDecodeError):  # a damaged record: say so, never use it
+            raise WorkFailed(f"store entry {name} is corrupt: its record is not valid JSON", where=str(path),
+                             hint="run `hermetic verify --repair`") from None
+        if not isinstance(meta, dict):
+            raise WorkFailed(f"store entry {name} is corrupt: its record is not a table", where=str(path),
+                             hint="run `hermetic verify --repair`")
         return meta
 
     def iter_entries(self) -> list[str]:
