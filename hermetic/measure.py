@@ -77,6 +77,10 @@ class Nvml:
 
 
 def load_worker(plan: dict[str, Any]) -> tuple[Any, Any]:
+    """The worker's module; its folder goes last on the import path (realized modules stay first)."""
+    folder = os.path.dirname(os.path.abspath(plan["worker"]))
+    if folder not in sys.path:
+        sys.path.append(folder)
     spec = importlib.util.spec_from_file_location("hermetic_run_worker", plan["worker"])
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load the worker from {plan['worker']}")

@@ -1,0 +1,330 @@
+"""`hermetic run` on the CPU: the whole protocol, the exactness and digest checks, the memory guard, the device
+lock, strict runner files and the GPU preconditions (fed facts recorded on an H200 through NVML).
+
+Runs use the real reference worker and the real P2P extension, realized once in the session's shared root;
+small variants of the worker live in a throw-away repository under tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hermetic.errors import BadInput
+from hermetic.gpu import GpuFacts, check_preconditions
+from hermetic.runspec import load_runner
+from tests.conftest import REPO, Hermetic
+
+SMALL = """\
+[runner]
+name = "small"
+states = "states.json"
+digests = "digests"
+
+[worker]
+entry = "{worker}:make_worker"
+params = {{ hidden = 64, intermediate = 128, vocab = 256 }}
+
+[kernels]
+torch = ""
+
+[cpu]
+realize = ["../recipes/p2p.toml"]
+kernels = ["torch"]
+threads = 1
+memory = "{memory}"
+address_space = "32G"
+
+[gpu]
+realize = ["../recipes/p2p.toml"]
+kernels = ["torch"]
+
+[protocol]
+repetitions = 3
+calls = 3
+warmup_calls = 1
+warmup_seconds = 0
+aa_cell = "greedy-b2"
+
+[checks]
+depths = [4]
+batches = [1, 2]
+
+[[cells]]
+name = "greedy-b2"
+graph = "original"
+depth = 4
+batch = 2
+
+[[cells]]
+name = "mixed-b2"
+graph = "switch"
+depth = 4
+batch = 2
+mask = "alternate"
+
+[[compare]]
+a = "greedy-b2"
+b = "mixed-b2"
+"""
+
+ULP_WORKER = """\
+import torch
+from draft_worker import Call, DraftWorker, load_states  # noqa: F401
+
+
+class OneUlpCall(Call):
+    # the switch bumps the confidence of row 0 at step 0 by one ulp when that row is greedy
+    def _forward(self):
+        super()._forward()
+        if self.graph == "switch":
+            c = self.confidence[0, 0:1]
+            bumped = torch.nextafter(c, torch.full_like(c, 2.0))
+            self.confidence[0, 0:1].copy_(torch.where(self.mask[0:1], c, bumped))
+
+
+class OneUlpWorker(DraftWorker):
+    call_class = OneUlpCall
+
+
+def make_worker(ctx):
+    return OneUlpWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
+"""
+
+HUNGRY_WORKER = """\
+import torch
+from draft_worker import DraftWorker, load_states  # noqa: F401
+
+HOARD = []
+
+
+def make_worker(ctx):
+    for _ in range(40):  # 40 x 64 MiB, touched: resident, not just reserved
+        HOARD.append(torch.ones(16 << 20, dtype=torch.float32))
+    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
+"""
+
+SLOW_WORKER = """\
+import os, time
+from draft_worker import DraftWorker, load_states  # noqa: F401
+
+
+def make_worker(ctx):
+    gate = os.environ.get("HERMETIC_TEST_GATE") or "{gate}"
+    deadline = time.monotonic() + 300
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
+"""
+
+
+@pytest.fixture(scope="module")
+def run_root(shared_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The shared root with the P2P extension realized, and a lock folder of the tests' own."""
+    locks = tmp_path_factory.mktemp("locks")
+    h = Hermetic(shared_root, tmp_path_factory.mktemp("home"), None)
+    h("realize", REPO / "recipes" / "p2p.toml", check=True)
+    return shared_root, locks
+
+
+def _small_repo(base: Path, worker_source: str | None = None, *, memory: str = "6G") -> Path:
+    """A throw-away repository: the p2p recipe and its lock, the reference worker, a small runner."""
+    shutil.copytree(REPO / "recipes" / "p2p", base / "recipes" / "p2p")
+    shutil.copy(REPO / "recipes" / "p2p.toml", base / "recipes" / "p2p.toml")
+    (base / "manifests").mkdir()
+    shutil.copy(REPO / "manifests" / "cuda-13.0-toolchain.txt", base / "manifests")
+    rdir = base / "runner"
+    rdir.mkdir()
+    shutil.copy(REPO / "runner" / "draft_worker.py", rdir)
+    worker = "draft_worker.py"
+    if worker_source is not None:
+        (rdir / "variant_worker.py").write_text(worker_source)
+        worker = "variant_worker.py"
+    subprocess.run([sys.executable, str(REPO / "runner" / "make_states.py"), "--hidden", "64", "--vocab", "256",
+                    "--out", str(rdir / "states.json")], check=True, capture_output=True)
+    (rdir / "runner.toml").write_text(SMALL.format(worker=worker, memory=memory))
+    return rdir / "runner.toml"
+
+
+def _hermetic(run_root: tuple[Path, Path], tmp: Path) -> Hermetic:
+    root, locks = run_root
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    h = Hermetic(root, home, None)
+    h.env["HERMETIC_LOCK_DIR"] = str(locks)
+    return h
+
+
+def _result(out: str) -> dict:
+    return next(json.loads(line) for line in out.splitlines() if '"result"' in line)
+
+
+def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -> None:
+    h = _hermetic(run_root, tmp_path)
+    r = h("run", REPO / "runner" / "worker.toml", "--device", "cpu", "--json")
+    assert r.rc == 0, r.err[-3000:]
+    res = _result(r.out)
+    assert res["ok"] and res["status"] == "ok"
+    receipt = json.loads(Path(res["receipt"]).read_text())
+    run_dir = Path(res["run_dir"])
+    assert receipt["kind"] == "run" and receipt["device"] == "cpu" and receipt["refs"]
+    assert receipt["checks"]["exactness"]["passed"] and receipt["checks"]["exactness"]["comparisons"] == 240
+    dig = receipt["checks"]["digests"]
+    reference = REPO / "manifests" / "digests" / f"{dig['class']}.txt"
+    assert dig["status"] == ("match" if reference.exists() else "unknown-class")
+    assert not receipt["memory_guard"]["tripped"] and receipt["memory_guard"]["peak_rss"] > 0
+    assert receipt["limits"]["address_space"] == 32 << 30
+    assert receipt["environment"]["threads"] == 2
+    audit = receipt["outside_root_audit"]
+    assert audit.get("available", True) is not False
+    # the protocol: cells interleaved, the order reversed every repetition, the first call of a block dropped
+    results = json.loads((run_dir / "results.json").read_text())
+    samples = results["samples"]
+    order = {rep: [s["label"] for s in samples if s["rep"] == rep and s["call"] == 0] for rep in range(5)}
+    assert order[1] == order[0][::-1] and order[2] == order[0]
+    assert len(set(order[0])) == 5 and "greedy-d5-b4/torch#aa" in order[0]
+    assert all(s["discarded"] == (s["call"] == 0) for s in samples)
+    comps = {c["name"]: c for c in results["analysis"]["comparisons"]}
+    assert "sign_ci" in comps["A/A control"] and "skipped" in comps["facc vs stock kernels"]
+    assert (run_dir / "report.md").read_text().startswith("# hermetic run: draft on the cpu")
+    assert (run_dir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(run_root[1].glob("cpu-*.lock"))
+
+
+def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path], tmp_path: Path) -> None:
+    runner = _small_repo(tmp_path / "repo", ULP_WORKER)
+    r = _hermetic(run_root, tmp_path)("run", runner, "--device", "cpu")
+    assert r.rc == 1, r.err[-3000:]
+    assert "drifted: all-greedy confidence" in r.err and "row=0" in r.err
+    run_dir = Path(r.err.split("results in ")[1].split(",")[0])
+    results = json.loads((run_dir / "results.json").read_text())
+    bad = results["exactness_mismatches"]
+    assert bad and {m["check"] for m in bad} <= {"all-greedy confidence", "greedy-row confidence"}
+    assert all(m["row"] == 0 and m["positions"] == 1 for m in bad)
+    assert "| all-greedy confidence |" in (run_dir / "report.md").read_text()
+
+
+def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path: Path) -> None:
+    runner = _small_repo(tmp_path / "repo")
+    h = _hermetic(run_root, tmp_path)
+    first = h("run", runner, "--device", "cpu", "--record-digests")
+    assert first.rc == 0, first.err[-3000:]
+    (ref,) = (runner.parent / "digests").glob("cpu-*.txt")
+    lines = ref.read_text().splitlines()
+    key, digest = lines[2].split()
+    lines[2] = f"{key} {'0' if digest[0] != '0' else '1'}{digest[1:]}"
+    ref.write_text("\n".join(lines) + "\n")
+    again = h("run", runner, "--device", "cpu")
+    assert again.rc == 1, again.err[-3000:]
+    assert f"digest drifted: {key}" in again.err
+
+
+def test_the_memory_guard_stops_a_worker_past_its_limit(run_root: tuple[Path, Path], tmp_path: Path) -> None:
+    runner = _small_repo(tmp_path / "repo", HUNGRY_WORKER, memory="1500M")
+    r = _hermetic(run_root, tmp_path)("run", runner, "--device", "cpu", "--json")
+    assert r.rc == 1, r.err[-3000:]
+    res = _result(r.out)
+    receipt = json.loads(Path(res["receipt"]).read_text())
+    guard = receipt["memory_guard"]
+    assert guard["tripped"] and guard["stopped"]["rss"] > guard["limit"] == 1500 << 20
+    assert receipt["status"] == "failed" and "memory guard" in receipt["reason"]
+    plan = str(Path(res["run_dir"]) / "plan.json")
+    assert not [p for p in psutil.process_iter(["cmdline"]) if plan in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_second_run_waits_for_the_lock_then_gives_up(run_root: tuple[Path, Path], tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    runner = _small_repo(tmp_path / "repo", SLOW_WORKER.format(gate=gate))
+    h = _hermetic(run_root, tmp_path)
+    cmd = [sys.executable, "-m", "hermetic", "--root", str(run_root[0]), "run", str(runner), "--device", "cpu"]
+    first = subprocess.Popen(cmd, env=h.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = next(iter(run_root[1].glob("cpu-*.lock")), None)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the first run holds the lock once it names itself in the file
+            lock = next(iter(run_root[1].glob("cpu-*.lock")), None)
+            if lock and f"pid {first.pid} " in lock.read_text():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the first run never took the lock")
+        second = h("run", runner, "--device", "cpu", "--lock-timeout", "1")
+        assert second.rc == 3, second.err
+        assert "waiting up to 1 s" in second.err and f"held by pid {first.pid}" in second.err
+        assert "timed out after 1 s" in second.err
+    finally:
+        gate.touch()
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("[protocol]", "[protocol]\nrepetition = 4"), "unknown key 'repetition' in [protocol]"),
+    (("repetitions = 3", 'repetitions = "3"'), "repetitions must be a number"),
+    (('mask = "alternate"', 'mask = "half"'), "mask 'half' is not one of"),
+    (('b = "mixed-b2"', 'b = "mixed-b3"'), "compare.b 'mixed-b3' names no cell"),
+    (('graph = "switch"', 'graph = "original"'), "the original graph is greedy only"),
+    (('"../recipes/p2p.toml"]\nkernels = ["torch"]\nthreads', '"../../outside.toml"]\nkernels = ["torch"]\nthreads'),
+     "leaves the repository"),
+])
+def test_bad_runner_files_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
+    runner = _small_repo(tmp_path / "repo")
+    text = runner.read_text()
+    assert edit[0] in text
+    runner.write_text(text.replace(edit[0], edit[1], 1))
+    with pytest.raises(BadInput) as e:
+        load_runner(runner)
+    assert message in e.value.what and str(runner) in (e.value.where or "")
+    assert ":" in (e.value.where or "")[len(str(runner)):]  # a line number follows the file
+
+
+def test_bad_runner_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    runner = _small_repo(tmp_path / "repo")
+    runner.write_text(runner.read_text().replace("calls = 3", "calls = -1"))
+    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(tmp_path / "root"), "run", str(runner)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"{runner}:" in p.stderr and "protocol.calls" in p.stderr
+    assert not (tmp_path / "root").exists() or not any((tmp_path / "root").rglob("*.json"))
+
+
+# GPU preconditions, fed facts recorded on an H200 through NVML (bench/gpu_run_check.sh stage 3) ----------------
+H200 = GpuFacts.from_json(json.loads((REPO / "tests" / "data" / "gpu" / "h200-facts.json").read_text()))
+
+
+def _pre(facts: GpuFacts, **kw: object) -> list[str]:
+    args: dict = {"power_cap_w": 700.0, "min_free_memory": 8 << 30, "archs": ("9.0",), "toolchain_cuda": "13.0"}
+    args.update(kw)
+    return [f.key for f in check_preconditions(facts, **args)]
+
+
+def test_recorded_h200_facts_pass_with_the_cards_power_cap() -> None:
+    assert H200.name == "NVIDIA H200" and H200.power_limit_w == 700.0
+    assert _pre(H200) == []
+
+
+def test_each_precondition_fails_on_its_own() -> None:
+    from dataclasses import replace
+    assert _pre(H200, power_cap_w=225.0) == ["gpu.power_cap_w"]       # the example file's production cap
+    busy = replace(H200, processes=({"pid": 4242, "used_memory": 1 << 30},))
+    assert _pre(busy) == ["gpu.processes"]
+    assert _pre(busy, own_pids=frozenset({4242})) == []                 # our own context is not a tenant
+    assert _pre(replace(H200, memory_free=1 << 30)) == ["gpu.min_free_memory"]
+    assert _pre(H200, archs=("8.0",)) == ["gpu.arch"]
+    assert _pre(H200, archs=("8.0+PTX",)) == []                         # PTX is compiled for newer GPUs
+    assert _pre(replace(H200, cuda_driver="12.8"), toolchain_cuda="13.0") == ["gpu.driver"]
+
+
+def test_the_frozen_states_are_what_the_script_writes(tmp_path: Path) -> None:
+    out = tmp_path / "states.json"
+    subprocess.run([sys.executable, str(REPO / "runner" / "make_states.py"), "--out", str(out)], check=True,
+                   capture_output=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert out.read_bytes() == (REPO / "runner" / "states" / "synthetic.json").read_bytes()
