@@ -71,6 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print a realized recipe's environment, or run a command inside it")
     p.add_argument("recipe", type=Path)
     p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
+
+    p = sub.add_parser("run", parents=[common],
+                       help="realize what a runner needs, then measure the worker under locks and limits")
+    p.add_argument("runner", type=Path, help="runner file (TOML), e.g. runner/worker.toml")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where to measure (default: the GPU when NVML sees one, else the CPU)")
+    p.add_argument("--gpu", type=int, default=0, metavar="N", help="which GPU (NVML index, default 0)")
+    p.add_argument("--peer", type=int, metavar="N",
+                   help="a second GPU for the P2P bandwidth measurement (locked and checked too)")
+    p.add_argument("--repetitions", type=int, metavar="N", help="override the runner's repetitions")
+    p.add_argument("--power-cap", type=float, metavar="W",
+                   help="the power cap the GPU must have (overrides gpu.power_cap_w; never changes the card)")
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="seconds to wait for the device's lock")
+    p.add_argument("--states", type=Path, metavar="FILE",
+                   help="request states to use instead of the runner's (real captures stay where they are)")
+    p.add_argument("--record-digests", action="store_true",
+                   help="write this device class's reference digests (manifests/digests/CLASS.txt)")
     return parser
 
 

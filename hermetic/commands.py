@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import BadInput, WorkFailed
+from .errors import BadInput
 from .remote import RemoteOptions, resolve_settings
 from .reporter import Reporter
 from .root import Root
@@ -179,5 +179,19 @@ def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    raise WorkFailed("`hermetic run` is not available in this version yet",
-                     hint="realize the recipes with `hermetic realize`")
+    from .run import run
+    out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
+              repetitions=args.repetitions,
+              power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
+              record_digests=args.record_digests)
+    body = out.summary
+    if out.exit_code:
+        reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "
+                                     f"results in {out.run_dir}, receipt {out.receipt}")
+    else:
+        reporter.event("done", f"run {out.name}: checks passed; report {out.run_dir / 'report.md'}; "
+                               f"receipt {out.receipt}")
+    reporter.result("run", out.exit_code == 0, out.exit_code, runner=out.name, run_dir=str(out.run_dir),
+                    receipt=str(out.receipt), status=body.get("status"), checks=body.get("checks"),
+                    flags=body.get("flags"), summary=body.get("summary"))
+    return out.exit_code
