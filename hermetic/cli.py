@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request states to use instead of the runner's (real captures stay where they are)")
     p.add_argument("--record-digests", action="store_true",
                    help="write this device class's reference digests (manifests/digests/CLASS.txt)")
+    _remote_options(p)
     return parser
 
 

@@ -183,7 +183,7 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
               repetitions=args.repetitions,
               power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
-              record_digests=args.record_digests)
+              record_digests=args.record_digests, remote=_remote(args))
     body = out.summary
     if out.exit_code:
         reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "

@@ -89,13 +89,14 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
 
 
 # realize ---------------------------------------------------------------------------------------------------
-def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter) -> list[dict[str, Any]]:
+def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None
+                ) -> list[dict[str, Any]]:
     from .inputs import noop_check
     from .realize import realize
     from .recipe import load_recipe
     out = []
     for path in runner.device(kind).realize:
-        outcome = noop_check(root, path, None) or realize(root, path, reporter)
+        outcome = noop_check(root, path, None) or realize(root, path, reporter, remote=remote)
         recipe = load_recipe(path)
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(outcome.profile),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
@@ -312,7 +313,8 @@ def check_digests(digests: dict[str, str], folder: Path, cls: str, *, record: bo
 # the command -----------------------------------------------------------------------------------------------
 def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "auto", gpu_index: int = 0,
         peer_index: int | None = None, repetitions: int | None = None, power_cap: float | None = None,
-        lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False) -> RunOutcome:
+        lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False,
+        remote: Any = None) -> RunOutcome:
     started = time.monotonic()
     timings: dict[str, float] = {}
     runner = load_runner(runner_path).with_overrides(repetitions=repetitions, power_cap_w=power_cap,
@@ -321,7 +323,7 @@ def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "aut
     spec = runner.device(kind)
     root.ensure()
     audit = _audit(root)
-    realized = realize_all(root, runner, kind, reporter)
+    realized = realize_all(root, runner, kind, reporter, remote)
     timings["realize"] = round(time.monotonic() - started, 3)
     from .store import Store
     store = Store(root.store).open()
