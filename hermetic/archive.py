@@ -64,6 +64,11 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         raise BadInput(f"nothing to export: no store at {root.store}", where="--root",
                        hint="realize a recipe first")
     store.open()
+    target = Path(os.path.realpath(archive))  # through the profile symlinks too: they lead into the store
+    if target.is_relative_to(os.path.realpath(store.path)):
+        raise BadInput(f"hermetic export would write {archive} inside the store ({target})", where=str(archive),
+                       hint="store files are read-only and content-addressed: write the archive outside the store, "
+                            "e.g. ./closure.tar.zst")
     wanted = set(names)
     root_files = sorted(p for p in root.roots.glob("*.json") if not wanted or p.stem in wanted)
     missing = wanted - {p.stem for p in root_files}

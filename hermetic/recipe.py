@@ -218,7 +218,8 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
     kp: KeyPath = ("limits",)
     table = expect_type(doc, raw, dict, kp)
     check_keys(doc, table, {"jobs", "cpus", "nice", "address_space"}, kp)
-    jobs = get_key(doc, table, "jobs", int, kp) or (os.cpu_count() or 1)
+    jobs = get_key(doc, table, "jobs", int, kp)
+    jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if not 1 <= jobs <= 1024:
         raise BadInput(f"limits.jobs must be 1-1024, found {jobs}", where=doc.where(*kp, "jobs"),
                        hint="the number of compilers running at once")
@@ -241,7 +242,11 @@ def _cpu_list(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[int, ...]:
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if last - first >= 4096:  # checked before the range is built: "0-99999999999" is no CPU list
+                raise BadInput(f"cpus {text!r} names more than 4096 CPUs", where=doc.where(*kp),
+                               hint='cpus = "0-7"')
+            cpus.update(range(first, last + 1))
     except ValueError:
         raise BadInput(f"cpus {text!r} is not a CPU list", where=doc.where(*kp),
                        hint='for example cpus = "0-7" or "0,2,4"') from None
@@ -258,6 +263,9 @@ def _bytes(doc: TomlDoc, text: str, kp: KeyPath) -> int:
     if value < 64 << 20:
         raise BadInput(f"{text!r} is below 64 MiB: no compiler runs in that", where=doc.where(*kp),
                        hint="give compilers at least a few GiB")
+    if value > 1 << 50:
+        raise BadInput(f"{text!r} is above 1 PiB: no machine has that to limit", where=doc.where(*kp),
+                       hint='for example "64G"; leave the key out for no limit')
     return int(value)
 
 

@@ -8,12 +8,14 @@ the same for every variant of a recipe (PRODUCT.md: absolute paths inside object
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import shutil
 import subprocess
 import tarfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,8 +61,14 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
         if src.path is not None:
             _copy_folder(src.path, staging.out)
         else:
+            fresh = not store.has_blob(src.sha256 or "")
             archive = _fetch_archive(store, src, reporter, share)
-            _extract(archive, src, staging.out)
+            try:
+                _extract(archive, src, staging.out)
+            except BadInput:
+                if fresh:  # a hostile archive fetched just now does not stay in the store
+                    archive.unlink(missing_ok=True)
+                raise
         for patch in patches:
             apply_patch(patch, staging.out)
         files = _ingest(store, staging)
@@ -89,10 +97,11 @@ def _folder_key(folder: Path) -> str:
     entries = []
     for dirpath, dirnames, files in os.walk(folder):
         dirnames.sort()
-        for f in sorted(files):
+        for f in sorted(files) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             p = Path(dirpath) / f
             if p.is_symlink():
-                raise BadInput(f"source folder holds a symlink: {p}", hint="sources must be regular files")
+                raise BadInput(f"source folder holds a symlink: {p} -> {os.readlink(p)}", where=str(p),
+                               hint="sources must be regular files and folders: copy what it points at instead")
             entries.append([p.relative_to(folder).as_posix(), fs.sha256_file(p)[0], os.access(p, os.X_OK)])
     return fs.sha256_bytes(fs.canonical_json(entries))
 
@@ -131,6 +140,18 @@ def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: Sharing
 
 def _extract(archive: Path, src: Source, out: Path) -> None:
     """The archive's ``subdir`` into ``out``: regular files only, every path checked, size bounded."""
+    try:
+        count = _extract_members(archive, src, out)
+    except (zipfile.BadZipFile, zlib.error, EOFError, gzip.BadGzipFile) as e:
+        raise BadInput(f"source archive is damaged: {e}", where=src.where,
+                       hint="the archive is damaged or hostile; check the pinned sha256 and where it comes from") \
+            from None
+    if count == 0:
+        raise BadInput(f"source archive has no files under {src.subdir or '/'}", where=src.where,
+                       hint="check subdir")
+
+
+def _extract_members(archive: Path, src: Source, out: Path) -> int:
     prefix = f"{src.subdir}/" if src.subdir else ""
     total = count = 0
     if zipfile.is_zipfile(archive):
@@ -154,6 +175,9 @@ def _extract(archive: Path, src: Source, out: Path) -> None:
         try:
             with tarfile.open(archive) as tf:
                 for member in tf:
+                    full = member.name.removeprefix("./").rstrip("/")
+                    if full not in ("", "."):
+                        _check_member(full, src)  # the whole name, before the top folder is cut off
                     name = member.name.split("/", 1)[1] if "/" in member.name else ""  # sdists: one top folder
                     if member.isdir() or not name.startswith(prefix):
                         continue
@@ -174,9 +198,7 @@ def _extract(archive: Path, src: Source, out: Path) -> None:
         except tarfile.TarError as e:
             raise BadInput(f"source archive is neither a zip nor a tar: {e}", where=src.where,
                            hint="give a wheel (.whl) or an sdist (.tar.gz)") from None
-    if count == 0:
-        raise BadInput(f"source archive has no files under {src.subdir or '/'}", where=src.where,
-                       hint="check subdir")
+    return count
 
 
 def _check_member(rel: str, src: Source) -> None:
@@ -215,7 +237,7 @@ def apply_patch(patch: Path, tree: Path) -> None:
         if not m or m.group(1) == "/dev/null":
             continue
         parts = m.group(1).split("/", 1)
-        rel = parts[1] if len(parts) == 2 else ""
+        rel = parts[1] if len(parts) == 2 and parts[0] else ""  # an absolute path is never in the tree
         try:
             check_relpath(rel)
         except ValueError:
