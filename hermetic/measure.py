@@ -174,8 +174,8 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
     return mismatches, digests, made
 
 
-def measure(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tuple, Any],
-            nvml: Nvml) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """(raw samples, per-block records, run flags)."""
     import torch
     cuda = plan["device"] == "cuda"
@@ -365,7 +365,7 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     mismatches, digests, made = check_exactness(plan, worker, states, calls)
     t_checks = time.monotonic() - t0
-    samples, blocks, flags = measure(plan, worker, states, calls, nvml)
+    samples, blocks, flags = measure(plan, worker, states, nvml)
     p2p_result = None
     if device == "cuda" and plan.get("peer"):
         say("progress", phase="p2p", done=0, total=1)
