@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 import traceback
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .errors import HermeticError
+from .errors import HermeticError, WorkFailed
 from .reporter import Reporter
 from .root import Root
 
@@ -107,6 +108,15 @@ def _terminate(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _internal(command: str, reporter: Reporter, e: Exception) -> int:
+    """An internal bug: say so plainly, keep the traceback for the report (called inside ``except``)."""
+    print(f"internal error: {type(e).__name__}: {e}\n(this is a bug in hermetic; the traceback "
+          f"follows for the report)", file=sys.stderr)
+    traceback.print_exc()
+    reporter.result(command, False, 1, error={"kind": "internal", "what": str(e)})
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
@@ -138,12 +148,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
-    except Exception as e:  # an internal bug: say so plainly, keep the traceback for the report
-        print(f"internal error: {type(e).__name__}: {e}\n(this is a bug in hermetic; the traceback "
-              f"follows for the report)", file=sys.stderr)
-        traceback.print_exc()
-        reporter.result(command, False, 1, error={"kind": "internal", "what": str(e)})
-        return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return _internal(command, reporter, e)
+        err = WorkFailed(f"no space left on the device while writing {e.filename or 'a file'}"
+                         + (" (the disk quota is full)" if e.errno == errno.EDQUOT else ""),
+                         where=str(e.filename or getattr(args, "root", "") or "the scratch root"),
+                         hint="free space where the scratch root lives (`hermetic gc` deletes what no root needs) "
+                              "or choose another --root; what was half written is garbage `hermetic gc` removes")
+        print(err.render(), file=sys.stderr)
+        reporter.result(command, False, err.exit_code, error=err.as_record())
+        return err.exit_code
+    except Exception as e:
+        return _internal(command, reporter, e)
     finally:
         from .store import release_temproots
         release_temproots()
