@@ -557,7 +557,7 @@ def run_case(case: Case, work: Path, root: Path, server: FileServer, env: dict[s
     run = hermetic(root, *args, "--json", env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, cwd=cwd)
     seconds = time.monotonic() - start
     seen = audit.finish()
-    first = next((ln for ln in run.err.splitlines() if ln.strip()), "")
+    first = next((ln for ln in run.err.splitlines() if ln.strip()), "").replace(str(work), "…")
     v = Verdict(case.id, case.what, case.code, run.rc, first[:300], False, False, seconds=round(seconds, 2))
     if run.rc != case.code:
         v.problems.append(f"exit {run.rc}, expected {case.code}: {run.err[-1500:]}")
