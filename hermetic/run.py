@@ -98,7 +98,8 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None) or realize(root, path, reporter, remote=remote)
         recipe = load_recipe(path)
-        out.append({"recipe": str(path), "name": outcome.name, "profile": str(outcome.profile),
+        # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
+        out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
                     "receipt": str(outcome.receipt) if outcome.receipt else None,
                     "python": recipe.python or sys.executable,
