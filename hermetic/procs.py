@@ -21,6 +21,11 @@ from dataclasses import dataclass
 _SHIM = r"""
 import json, os, resource, sys
 lim = json.loads(sys.argv[1])
+if lim.get("gate") is not None:  # start nothing until hermetic says its reaper is in place
+    go = os.read(lim["gate"], 1)
+    os.close(lim["gate"])
+    if go != b"1":
+        sys.exit(125)  # hermetic died before it could start the reaper: nothing would ever stop this build
 if lim.get("cpus"):
     os.sched_setaffinity(0, [c for c in lim["cpus"] if c in os.sched_getaffinity(0)] or lim["cpus"])
 if lim.get("nice"):
@@ -80,17 +85,27 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
 
     ``on_start`` gets the pid of the group's leader (the limited child) once it runs, e.g. for a memory guard.
     """
+    # The child waits at a gate (a pipe) until its reaper runs: a kill -9 between the two starts (no signal
+    # mask stops SIGKILL) closes the gate's write end, and the child exits without running anything.
+    gate_r, gate_w = os.pipe()
     shim = [sys.executable, "-S", "-c", _SHIM,
             json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
-                        "address_space": limits.address_space}), *argv]
+                        "address_space": limits.address_space, "gate": gate_r}), *argv]
     # no signal may land between starting the build and starting its reaper
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
-        proc = subprocess.Popen(shim, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        reaper = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                                  env={"PATH": "/usr/bin:/bin"})
+        try:
+            proc = subprocess.Popen(shim, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(gate_r,))
+        finally:
+            os.close(gate_r)
+        try:
+            reaper = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                      env={"PATH": "/usr/bin:/bin"})
+            os.write(gate_w, b"1")
+        finally:
+            os.close(gate_w)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     tail: list[str] = []

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,3 +58,20 @@ def test_kill_9_at_every_phase_leaves_a_valid_store(lab: CrashLab) -> None:
     assert summary["outside_root_writes"] == 0 and summary["garbage_after_gc"] == 0
     # each kill mid-compile kept what finished: the recovery never compiled more than the cold build does
     assert all(t.recovery_compiled <= 6 for t in trials)
+
+
+def test_a_build_child_starts_nothing_when_hermetic_dies_before_its_reaper(tmp_path: Path) -> None:
+    """procs.run_limited starts the limited child, then its reaper; a kill -9 between the two (the soak hit it
+    twice in 100 trials before this gate) left a compiler no one would stop. The child now waits at a gate."""
+    from hermetic.procs import _SHIM
+    ran = tmp_path / "ran"
+    for open_gate in (False, True):
+        r, w = os.pipe()
+        p = subprocess.Popen([sys.executable, "-S", "-c", _SHIM, json.dumps({"gate": r}), "touch", str(ran)],
+                             pass_fds=(r,))
+        os.close(r)
+        if open_gate:
+            os.write(w, b"1")
+        os.close(w)  # closed without a word: hermetic died before its reaper ran
+        assert p.wait(timeout=120) == (0 if open_gate else 125)
+        assert ran.exists() == open_gate

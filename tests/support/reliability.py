@@ -152,22 +152,48 @@ def children(pid: int) -> dict[int, bytes]:
 def kill_and_reap(pid: int, root: Path, limit_s: float = 120.0) -> tuple[list[str], float]:
     """kill -9 ``pid`` (a hermetic process) and say which of its children outlive it.
 
-    It is stopped first (SIGSTOP), so the list of its children is complete, then killed. Its build reapers
-    (procs.py: they kill a build's whole session when hermetic's pipe closes) are waited for; whatever of
-    ``root`` is alive after they are gone, nothing is going to stop: it outlived hermetic. No clock decides
-    the verdict; ``limit_s`` only bounds the wait for a reaper that never ends (then listed as outliving).
-    Returns the outliving processes and how long the reapers took.
+    It is stopped first (SIGSTOP), so the list of its children is complete, then killed. Its helpers are
+    waited for: build reapers (procs.py: they kill a build's whole session when hermetic's pipe closes) and
+    children caught between fork and exec (copies of hermetic). A limits shim still waiting at its gate
+    (procs.py: it starts nothing until its reaper runs) is waited for too, and must exit without becoming
+    anything else. Whatever else of ``root`` is alive then, nothing is going to stop: it outlived hermetic.
+    No clock decides the verdict; ``limit_s`` only bounds the waits (what is left at the limit is listed).
+    Returns the outliving processes and how long the waits took.
     """
+    own = Path(f"/proc/{pid}/cmdline").read_bytes()
     os.kill(pid, signal.SIGSTOP)
-    reapers = [c for c, cmd in children(pid).items() if b"kill_session" in cmd]
+    helpers = [c for c, cmd in children(pid).items() if b"kill_session" in cmd or cmd == own]
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
-    while any(Path(f"/proc/{r}").exists() and not _zombie(r) for r in reapers) \
-            and time.monotonic() - start < limit_s:
+    while any(_alive(h) for h in helpers) and time.monotonic() - start < limit_s:
         time.sleep(0.01)
-    waited = round(time.monotonic() - start, 3)
-    alive = [f"reaper {r}" for r in reapers if Path(f"/proc/{r}").exists() and not _zombie(r)]
-    return alive + survivors(root), waited
+    outlived = [f"helper {h}" for h in helpers if _alive(h)]
+    for line in survivors(root):
+        p = int(line.split(":", 1)[0])
+        shim = _cmdline(p)
+        if GATED_SHIM not in shim:
+            outlived.append(line)
+            continue
+        while _alive(p) and _cmdline(p) == shim and time.monotonic() - start < limit_s:
+            time.sleep(0.01)
+        if _alive(p):  # it went through its gate after hermetic died: a build nothing will stop
+            shown = _cmdline(p).replace(b"\0", b" ").decode(errors="replace")[:200]
+            outlived.append(f"{p}: {shown}")
+    return outlived, round(time.monotonic() - start, 3)
+
+
+GATED_SHIM = b'lim.get("gate")'
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and not _zombie(pid)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def _zombie(pid: int) -> bool:
