@@ -12,8 +12,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from hermetic.build import read_certificate
 from hermetic.store import Store
 from tests.conftest import REPO, Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
@@ -190,9 +188,5 @@ def test_gc_during_a_run_never_deletes_what_it_measures(tmp_path: Path, shared_r
     assert h("verify").rc == 0
     again = h("realize", REPO / "recipes" / "p2p.toml", "--json", check=True)  # the root back, nothing rebuilt
     assert json.loads(again.out.splitlines()[-1])["counts"].get("objects_compiled", 0) == 0
-    result = _result(out)
-    log = Path(result["run_dir"]) / "worker.log"
-    if run.returncode != 0 and "No module named 'hermetic_p2p'" in log.read_text():
-        pytest.xfail("the run's worker imports through profiles/p2p, which --drop-root removed mid-run; the "
-                     "entries it pinned are all still there (asserted above): the run should import from them")
+    result = _result(out)  # the worker imports from the trees the run pinned, not through the dropped profile
     assert run.returncode == 0 and result["ok"], (err[-3000:], out[-3000:])
