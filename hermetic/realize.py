@@ -186,8 +186,6 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
                     reporter.event("phase", phase="fetching")
                     blob, filename = _fetch(store, fetcher, w, reporter, counts)
                     fresh = blob
-                    if share is not None:
-                        share.upload_blob(blob.name)
                 else:
                     filename = w.filename or _filename_from_wheel(w, blob)
                 store.temproots.add(f"blob:{blob.name}")
@@ -198,6 +196,8 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
                     if blob == fresh:  # a hostile wheel fetched just now does not stay in the store
                         blob.unlink(missing_ok=True)
                     raise
+                if fresh is not None and share is not None:
+                    share.upload_blob(fresh.name)  # only once it unpacked whole: no hostile wheel for the team
                 counts["unpacked"] += 1
                 reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
             else:

@@ -70,13 +70,11 @@ class Sharing:
             digest = digest.lower()
             if not SHA256_RE.match(digest):
                 continue
-            if self.store.has_blob(digest):
-                self.store.temproots.add(f"blob:{digest}")
+            if self.store.use_blob(digest):  # pinned and checked under the gc lock
                 return digest
             tmp = self.remote.get_cas_file(digest, self.store.tmp, size=size, listed=listed)
             if tmp is not None:
-                self.store.temproots.add(f"blob:{digest}")
-                self.store.put_blob_file(tmp, digest)
+                self.store.put_blob_file(tmp, digest)  # pins it
                 return digest
         return None
 
