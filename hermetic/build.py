@@ -106,8 +106,8 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
             recorded.reason = decisions[i].reason
             decisions[i] = recorded
 
-        # the longest compiles first (most inputs last time, else largest source): a shorter critical path
-        order = sorted(todo, key=lambda d: (-(d.weight or 0), -os.path.getsize(d.compile.source)))
+        # the longest compiles first (most inputs last time, else cold_weight): a shorter critical path
+        order = sorted(todo, key=lambda d: (-(d.weight or 0), -cold_weight(d.compile)))
         try:
             reporter.event("phase", phase="compiling")
             _compile(build_dir, [d.compile for d in order], env, recipe, reporter, plan.module, finished)
@@ -120,6 +120,29 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
                               share)
     fs.atomic_write(state, fs.canonical_json({"certificate": built.certificate_blob}), durable=False)
     return built
+
+
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def cold_weight(c: Compile) -> int:
+    """A compile's cost guessed without a previous compile of it: the source's size plus the sizes of the
+    local headers it includes directly (found next to it or in a -I folder). A binding unit that includes
+    every header of its extension (exllamav3's bindings.cpp, one of its longest units) is
+    then started first, where its own small size alone would start it late."""
+    try:
+        data = Path(c.source).read_bytes()
+    except OSError:
+        return 0
+    dirs = [os.path.dirname(c.source), *(a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2)]
+    total = len(data)
+    for name in dict.fromkeys(_LOCAL_INCLUDE.findall(data)):
+        for d in dirs:
+            p = os.path.join(d, os.fsdecode(name))
+            if os.path.isfile(p):
+                total += os.path.getsize(p)
+                break
+    return total
 
 
 def _previous_objects(store: Store, state: Path) -> dict[str, dict[str, Any]]:

@@ -3,7 +3,8 @@
 Pure functions of the host's facts (hermetic.interpreter reads torch's own flag helpers), the toolchain and
 the extension: tests compare them with the build.ninja torch itself writes. Differences, all deliberate:
 objects are named after their path in the source tree (torch uses the basename, so two sources with one
-name collide), and compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``.
+name collide), compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``, and nvcc gets
+``-Xcudafe --orig_src_path_name=SOURCE`` (see module_id_flags).
 """
 
 from __future__ import annotations
@@ -87,6 +88,16 @@ def arch_flags(archs: tuple[str, ...], extra_cuda_cflags: list[str]) -> list[str
     return sorted(flags)
 
 
+def module_id_flags(source: str) -> list[str]:
+    """nvcc's cudafe++ names a unit's module (its internal-linkage symbols, _INTERNAL_<hash>_..., and the
+    fatbin's module id) after a hash of the source's *resolved* path. hermetic compiles through
+    build/<recipe>/src/<source>, a link to a store tree whose path changes with any change of the tree, so
+    without this an object reused from an earlier tree differs from a fresh compile in those names. Giving
+    cudafe++ the path as written makes the object a function of the command and the inputs the key covers.
+    (-Xcudafe splits its value at commas: a path holding one, or a space or quote, keeps nvcc's choice.)"""
+    return [] if any(c in source for c in ", \t'\"") else ["-Xcudafe", f"--orig_src_path_name={source}"]
+
+
 def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda_home: Path | None,
                    archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
                    cxx: str = "c++") -> BuildPlan:
@@ -130,7 +141,7 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
         obj = str(build_dir / "obj" / (str(PurePosixPath(rel).with_suffix("")) + (".cuda.o" if cuda else ".o")))
         src = str(src_root / rel)
         compiler = [str(cuda_home / "bin" / "nvcc")] if cuda and cuda_home else [cxx]
-        flags = cuda_flags if cuda else cflags
+        flags = [*cuda_flags, *module_id_flags(src)] if cuda else cflags
         compiles.append(Compile(src, rel, obj, cuda, (*compiler, *flags, "-c", src, "-o", obj), obj + ".d"))
 
     ldflags = ["-shared", *ext.ldflags, f"-L{torch['lib']}", "-lc10"]

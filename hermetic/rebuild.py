@@ -2,7 +2,8 @@
 hash check passes (one compiled with a different flag and filed under the wrong key, say).
 
 Objects are compared after masking what nvcc makes differ from run to run: the names of its temporary
-files (``tmpxft_<pid>_<counter>-<n>_``), which land in the host object's symbol table.
+files (``tmpxft_<pid>_<counter>-<n>_``), which land in the host object's symbol table, also as the static
+initializer ``_GLOBAL__sub_I_tmpxft_<pid>_<counter>_<n>_`` (the dash mangled to an underscore).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .objects import InputHasher
 from .root import Root
 from .store import Store
 
-_TMPXFT = re.compile(rb"tmpxft_[0-9a-f]{8}_[0-9a-f]{8}-\d+_")
+_TMPXFT = re.compile(rb"tmpxft_[0-9a-f]{8}_[0-9a-f]{8}[-_]\d+_")
 
 
 @dataclass(frozen=True)

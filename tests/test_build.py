@@ -165,7 +165,8 @@ ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixtur
     True, False, False)
 """
     env = {**os.environ, "CUDA_HOME": str(cuda_home), "TORCH_CUDA_ARCH_LIST": "9.0",
-           "CUDA_INC_PATH": facts["torch"]["nvidia_include"]}
+           "CUDA_INC_PATH": facts["torch"]["nvidia_include"],
+           "TORCH_NO_COMPILER_WRAPPER": "1"}  # torch would put a ccache or sccache found on PATH in front
     env.pop("CXX", None)
     env.pop("CC", None)
     p = subprocess.run([sys.executable, "-c", writer], capture_output=True, text=True, env=env, cwd=tmp_path)
@@ -175,6 +176,20 @@ ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixtur
     for name in ours:
         assert _normalize(ours[name]) == _normalize(theirs[name]), name
     assert _normalize(list(plan.link_argv)) == _normalize(theirs["<link>"])
+
+
+def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> None:
+    from hermetic.build import cold_weight
+    from hermetic.flags import Compile
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "big.h").write_text("int x;\n" * 4000)
+    (tmp_path / "bind.cpp").write_text('#include "big.h"\n#include "missing.h"\n#include <vector>\n')
+    (tmp_path / "kern.cu").write_text("int y;\n" * 1000)
+    def c(name: str) -> Compile:
+        src = str(tmp_path / name)
+        return Compile(src, name, src + ".o", False, ("c++", f"-I{tmp_path / 'inc'}", "-c", src), src + ".d")
+    assert cold_weight(c("bind.cpp")) == len('#include "big.h"\n#include "missing.h"\n#include <vector>\n') + 28000
+    assert cold_weight(c("bind.cpp")) > cold_weight(c("kern.cu")) == 7000 > cold_weight(c("gone.cpp")) == 0
 
 
 def _torch_commands(ninja: Path) -> dict[str, list[str]]:
@@ -201,12 +216,15 @@ def _torch_commands(ninja: Path) -> dict[str, list[str]]:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """Drop what may differ: output and object paths, dependency-file flags."""
+    """Drop what may differ: output and object paths, dependency-file flags, nvcc's module-id path."""
     out: list[str] = []
     skip = 0
-    for a in argv:
+    for i, a in enumerate(argv):
         if skip:
             skip -= 1
+            continue
+        if a == "-Xcudafe" and argv[i + 1].startswith("--orig_src_path_name="):
+            skip = 1
             continue
         if a in ("-MD", "-MMD", "--generate-dependencies-with-compile"):
             continue

@@ -22,11 +22,21 @@ def _verify(root: Path, n: int) -> tuple[int, dict[str, object]]:
 def test_rebuild_sample_finds_no_mismatch_then_catches_a_planted_object(tmp_path: Path) -> None:
     root = tmp_path / "root"
     proj = Project(tmp_path / "p", "sample", root)
+    # internal linkage: nvcc names these after the unit's module id, a hash of the source's path
+    (proj.folder / "src" / "anon.cu").write_text("namespace { __global__ void twice(float* p) { p[0] *= 2; } }\n"
+                                                  "void launch_twice(float* p) { twice<<<1, 1>>>(p); }\n")
     proj.realize()
     rc, result = _verify(root, 100)
     outcomes = {r["source"]: r["outcome"] for r in result["rebuilt"]}  # type: ignore[index]
-    assert rc == 0 and outcomes == {s: "same" for s in ("bindings.cpp", "host.cpp", "kern.cu", "named.cpp",
-                                                         "other.cpp")}
+    assert rc == 0 and outcomes == {s: "same" for s in ("anon.cu", "bindings.cpp", "host.cpp", "kern.cu",
+                                                         "named.cpp", "other.cpp")}
+    # a new source tree (a file added), every object reused: the module id follows the resolved path of the
+    # source (a store tree's) unless hermetic names the path (flags.module_id_flags); anon.cu still compares
+    (proj.folder / "src" / "NOTES.txt").write_text("a file no unit reads\n")
+    decisions = proj.realize().decisions
+    assert decisions.pop("clock.cpp") == "compiled-uncacheable" and set(decisions.values()) == {"reused"}
+    rc, result = _verify(root, 100)
+    assert rc == 0 and {r["outcome"] for r in result["rebuilt"]} == {"same"}  # type: ignore[union-attr]
     store = Store(root / "store")
     name = next(e for e in store.iter_entries() if e.endswith("-obj-other.o"))
     meta = store.entry_meta(name)
