@@ -48,6 +48,13 @@ def fingerprint(path: Path | str) -> Fingerprint | None:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
+def durable_default() -> bool:
+    """Power-loss durability is opt-in, as Nix's fsync-store-paths: ``HERMETIC_FSYNC=1`` fsyncs blobs, records
+    and folders. Without it every write is still atomic (temp file, rename), so a killed process never leaves
+    half a record; syncing records alone would not help after a power cut that loses unsynced blob data."""
+    return os.environ.get("HERMETIC_FSYNC") == "1"
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -56,8 +63,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
-    """Write to a temp file beside ``path``, fsync, rename over: readers see old or new, never half."""
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool | None = None) -> None:
+    """Write to a temp file beside ``path``, rename over: readers see old or new, never half. ``durable``
+    (default: ``durable_default()``) also fsyncs the file before the rename and its folder after."""
+    if durable is None:
+        durable = durable_default()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -86,7 +96,8 @@ def pretty_json(obj: Any) -> bytes:
     return (json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
 
 
-def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644, durable: bool = True, pretty: bool = False) -> None:
+def atomic_write_json(path: Path, obj: Any, *, mode: int = 0o644, durable: bool | None = None,
+                      pretty: bool = False) -> None:
     atomic_write(path, pretty_json(obj) if pretty else canonical_json(obj), mode=mode, durable=durable)
 
 
@@ -151,6 +162,8 @@ def atomic_symlink(target: str, link: Path) -> bool:
         tmp.unlink()
     os.symlink(target, tmp)
     os.replace(tmp, link)
+    if durable_default():
+        fsync_dir(link.parent)
     return True
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,7 +51,7 @@ class Store:
         self.temproots_dir = path / "temproots"
         # fsync of every blob is off by default, as in Nix (fsync-store-paths): a killed process loses
         # nothing the kernel already holds; HERMETIC_FSYNC=1 also survives power loss.
-        self.durable = os.environ.get("HERMETIC_FSYNC") == "1" if durable is None else durable
+        self.durable = fs.durable_default() if durable is None else durable
         self._temproots: TempRoots | None = None
 
     # opening ---------------------------------------------------------------
@@ -221,7 +220,7 @@ class Store:
         if not src.exists():
             return None
         self.trash.mkdir(exist_ok=True)
-        dst = self.trash / f"{name}.{secrets.token_hex(4)}"
+        dst = self.trash / f"{name}.{os.urandom(4).hex()}"
         os.chmod(src, 0o755)  # renaming a folder needs write permission on the folder itself
         os.replace(src, dst)
         return dst
@@ -234,7 +233,7 @@ class Staging:
         self.store = store
         self.name = name
         store.tmp.mkdir(parents=True, exist_ok=True)
-        self.path = store.tmp / f"entry-{name}.{os.getpid()}.{secrets.token_hex(4)}"
+        self.path = store.tmp / f"entry-{name}.{os.getpid()}.{os.urandom(4).hex()}"
         self.path.mkdir()
         self.meta: dict[str, Any] = {"format": STORE_FORMAT, "name": name}
         self.readonly_dirs: list[str] | None = None  # set when the builder knows its folders: no walk needed
@@ -257,7 +256,8 @@ class Staging:
         with self.store.gc_lock():
             os.replace(self.path, dst)
             self.store.temproots.add(f"entry:{self.name}")
-        fs.fsync_dir(self.store.entries)
+        if self.store.durable:
+            fs.fsync_dir(self.store.entries)
         self._published = True
 
     def discard(self) -> None:
@@ -274,7 +274,7 @@ class TempRoots:
 
     def __init__(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.path = directory / f"{os.getpid()}-{os.urandom(4).hex()}"
         self.lock = fs.FileLock(self.path)
         self.lock.acquire()
         self.seen: set[str] = set()
