@@ -6,7 +6,6 @@ import argparse
 import errno
 import signal
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +29,16 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="JSON Lines on stdout, ending in one result record; progress on stderr")
     return p
+
+
+def _zstd_level(text: str) -> int:
+    try:
+        level = int(text)
+    except ValueError:
+        level = 0
+    if not 1 <= level <= 22:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a zstd level from 1 to 22")
+    return level
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("archive", type=Path, help="output file (.tar.zst)")
     p.add_argument("--name", action="append", default=[], metavar="ROOT",
                    help="export only these roots (default: all)")
+    p.add_argument("--level", type=_zstd_level, default=10, metavar="N",
+                   help="zstd level, 1-22 (default 10: the toolchain in about 10 s; 19: smaller, minutes)")
 
     p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
     p.add_argument("archive", type=Path)
@@ -112,6 +123,7 @@ def _internal(command: str, reporter: Reporter, e: Exception) -> int:
     """An internal bug: say so plainly, keep the traceback for the report (called inside ``except``)."""
     print(f"internal error: {type(e).__name__}: {e}\n(this is a bug in hermetic; the traceback "
           f"follows for the report)", file=sys.stderr)
+    import traceback  # only for bugs: its import costs every command a few ms
     traceback.print_exc()
     reporter.result(command, False, 1, error={"kind": "internal", "what": str(e)})
     return 1

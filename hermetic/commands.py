@@ -7,16 +7,24 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import BadInput
-from .remote import RemoteOptions, resolve_settings
 from .reporter import Reporter
 from .root import Root
 from .store import Store
+from .urls import remote_in_environment
+
+if TYPE_CHECKING:
+    from .remote import RemoteOptions
 
 
-def _remote(args: argparse.Namespace) -> RemoteOptions:
-    """The command line's remote cache options, checked now (bad input even when nothing else changed)."""
+def _remote(args: argparse.Namespace) -> RemoteOptions | None:
+    """The command line's remote cache options, checked now (bad input even when nothing else changed);
+    None when neither the command line nor the environment names one (a recipe's [remote] still may)."""
+    if args.remote_cache is None and args.remote_cache_mode is None and not remote_in_environment():
+        return None
+    from .remote import RemoteOptions, resolve_settings
     options = RemoteOptions(args.remote_cache, args.remote_cache_mode)
     resolve_settings(options, os.environ)
     return options
@@ -102,7 +110,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if ok else 1
 
 
-def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions) -> None:
+def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None) -> None:
     from .realize import realize
     for p in sorted(root.roots.glob("*.json")):
         recipe = Path(json.loads(p.read_text()).get("recipe", ""))
@@ -162,7 +170,7 @@ def _shell_quote(v: str) -> str:
 
 def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from .archive import export_closure
-    stats = export_closure(root, args.archive, names=args.name, reporter=reporter)
+    stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level)
     reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "
                              f"{stats['bytes']} bytes -> {stats['archive_bytes']} compressed")
     reporter.result("export", True, 0, archive=str(args.archive), **stats)

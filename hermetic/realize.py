@@ -138,6 +138,9 @@ def _input_paths(recipe: Recipe, report: dict[str, Any]) -> list[Path]:
 def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
                  reporter: Reporter) -> Sharing | None:
     """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote]."""
+    from .urls import remote_in_environment
+    if options is None and not (recipe.remote_url or recipe.remote_mode or remote_in_environment()):
+        return None
     from .remote import resolve_settings
     settings = resolve_settings(options, os.environ, recipe.remote_url, recipe.remote_mode,
                                 recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "")
@@ -285,16 +288,16 @@ def write_root(root: Root, name: str, recipe: Recipe, entries: list[str]) -> boo
 
 def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: list[Unpacked],
                   report: dict[str, Any]) -> Path:
-    import platform
     import sys
+    uname = os.uname()  # platform.platform() also reads the interpreter's binary for its libc: too slow here
     body: dict[str, Any] = {
         "format": 1, "kind": "realize", "hermetic": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": {"name": outcome.name, "path": str(outcome.recipe_path),
                    "sha256": fs.sha256_file(outcome.recipe_path)[0]},
         "locks": [{"path": str(lk.path), "sha256": lk.sha256, "format": lk.format} for lk in locks],
-        "host": {"python": platform.python_version(), "executable": sys.executable,
-                 "platform": platform.platform()},
+        "host": {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
+                 "platform": f"{uname.sysname}-{uname.release}-{uname.machine}"},
         "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
         "tree": outcome.tree, "profile": str(outcome.profile),
         "refs": [f"entry:{e}" for e in outcome.entries],

@@ -14,6 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s@?#]+)@")
 
 
+def remote_in_environment() -> bool:
+    """Whether any HERMETIC_REMOTE_CACHE* variable is set: only then is the remote module worth importing."""
+    import os
+    return any(k.startswith("HERMETIC_REMOTE_CACHE") for k in os.environ)
+
+
 def redact(url: str) -> str:
     """``url`` with any ``user:password@`` replaced by ``***@``."""
     try:
