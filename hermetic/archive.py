@@ -35,9 +35,11 @@ _BLOB_RE = re.compile(r"^blobs/([0-9a-f]{64}x?)$")
 _ROOT_RE = re.compile(r"^roots/([A-Za-z0-9._-]{1,80})\.json$")
 
 
-def _closure(store: Store, refs: set[str]) -> tuple[list[str], set[str]]:
+def _closure(store: Store, refs: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The entries reachable from ``refs`` and their blobs, each blob with one path it has in a tree
+    (the smallest, for a stable order; a wheel file's own blob gets its reference instead)."""
     entries: list[str] = []
-    blobs: set[str] = set()
+    blobs: dict[str, str] = {}
     pending = [r[6:] for r in refs if r.startswith("entry:")]
     seen: set[str] = set()
     while pending:
@@ -47,12 +49,31 @@ def _closure(store: Store, refs: set[str]) -> tuple[list[str], set[str]]:
         seen.add(name)
         entries.append(name)
         meta = store.entry_meta(name)
-        for _p, (digest, executable) in meta.get("files", {}).items():
-            blobs.add(digest + ("x" if executable else ""))
+        for path, (digest, executable) in meta.get("files", {}).items():
+            b = digest + ("x" if executable else "")
+            blobs[b] = min(blobs.get(b, path), path)
         pending += [r[6:] for r in meta.get("refs", []) if r.startswith("entry:")]
         if meta.get("kind") != "unpacked":  # an unpacked wheel does not need its wheel file any more
-            blobs.update(r[5:] for r in meta.get("refs", []) if r.startswith("blob:") and store.has_blob(r[5:]))
+            blobs.update({r[5:]: r for r in meta.get("refs", []) if r.startswith("blob:") and store.has_blob(r[5:])
+                          and r[5:] not in blobs})
     return sorted(entries), blobs
+
+
+BIG_BLOB = 1 << 20
+
+
+def stream_order(blobs: dict[str, str], sizes: dict[str, int]) -> list[str]:
+    """The order blobs go into the compressed stream: similar bytes close together, so that zstd's window
+    (and its long-distance matching) sees them. The large binaries first, largest first: cicc sits next to
+    libnvvm and ptxas next to nvlink and nvcc, which share much of their code (grouped, the toolchain
+    compresses about a quarter smaller than in hash order); then the small files by extension and path, so
+    that headers follow headers of their own library."""
+    def key(b: str) -> tuple[int, int, str, str, str]:
+        path = blobs[b]
+        if sizes[b] >= BIG_BLOB:
+            return (0, -sizes[b], "", path, b)
+        return (1, 0, os.path.splitext(path)[1], path, b)
+    return sorted(blobs, key=key)
 
 
 def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Reporter,
@@ -91,6 +112,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         size = os.lstat(store.blob_path(b.rstrip("x"), b.endswith("x"))).st_size
         manifest["blobs"][b] = size
         total += size
+    order = stream_order(blobs, manifest["blobs"])
     for p in root_files:
         manifest["roots"][p.stem] = fs.sha256_file(p)[0]
     archive.parent.mkdir(parents=True, exist_ok=True)
@@ -98,7 +120,8 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as raw:
-            # long-distance matching finds the repeats between nvcc's, cicc's and libnvvm's binaries
+            # long-distance matching finds the repeats between nvcc's, cicc's and libnvvm's binaries, which
+            # stream_order puts next to each other
             params = zstandard.ZstdCompressionParameters.from_level(
                 level, enable_ldm=True, window_log=27, threads=-1, write_checksum=True)
             cctx = zstandard.ZstdCompressor(compression_params=params)
@@ -110,7 +133,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
                                (store.entry_path(name) / ENTRY_META).read_bytes())
                 for p in root_files:
                     _add_bytes(tar, f"roots/{p.name}", p.read_bytes())
-                for b in sorted(blobs):
+                for b in order:
                     path = store.blob_path(b.rstrip("x"), b.endswith("x"))
                     info = tarfile.TarInfo(f"blobs/{b}")
                     info.size = manifest["blobs"][b]

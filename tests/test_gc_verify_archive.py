@@ -80,7 +80,9 @@ def test_export_import_air_gapped(tmp_path: Path, hermetic: Hermetic, index: Loo
     r1, _ = _two_recipes(tmp_path, index)
     hermetic("realize", r1, check=True)
     archive = tmp_path / "closure.tar.zst"
-    hermetic("export", archive, check=True)
+    bad = hermetic("export", archive, "--level", "23")
+    assert bad.rc == 2 and "zstd level" in bad.err and not archive.exists()
+    hermetic("export", archive, "--level", "3", check=True)
     other = tmp_path / "other-root"
     offline = {"PIP_INDEX_URL": dead_url()}
     res = hermetic("import", archive, root=other, env=offline, check=True)
@@ -94,6 +96,17 @@ def test_export_import_air_gapped(tmp_path: Path, hermetic: Hermetic, index: Loo
     hermetic("realize", r1, root=other, env=offline, check=True)
     assert tree_snapshot(other / "profiles" / "one") == snap
     assert hermetic("verify", root=other, check=True).rc == 0
+
+
+def test_export_stream_puts_similar_bytes_together() -> None:
+    """The largest binaries first, largest first (cicc beside libnvvm, ptxas beside nvlink), then the
+    small files grouped by extension and path: what zstd's window can match is what sits close."""
+    from hermetic.archive import BIG_BLOB, stream_order
+    blobs = {"c1": "nvvm/bin/cicc", "n1": "lib/libnvvm.so.4", "p1": "bin/ptxas", "h2": "include/b.h",
+             "h1": "include/a.h", "x1": "include/c.hpp", "t1": "bin/tiny"}
+    sizes = {"c1": 76 * BIG_BLOB, "n1": 63 * BIG_BLOB, "p1": 37 * BIG_BLOB, "h2": 10, "h1": 900, "x1": 5,
+             "t1": 7}
+    assert stream_order(blobs, sizes) == ["c1", "n1", "p1", "t1", "h1", "h2", "x1"]
 
 
 def test_import_refuses_a_flipped_byte(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
