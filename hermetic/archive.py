@@ -77,7 +77,7 @@ def stream_order(blobs: dict[str, str], sizes: dict[str, int]) -> list[str]:
 
 
 def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Reporter,
-                   level: int = 10) -> dict[str, int]:
+                   level: int = 19) -> dict[str, int]:
     import zstandard
 
     store = Store(root.store)

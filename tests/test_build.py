@@ -259,7 +259,7 @@ def test_toolchain_mismatch_exits_3_before_compiling(tmp_path: Path, shared_root
 def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path, Path], tmp_path: Path) -> None:
     root, _ = p2p_root
     archive = tmp_path / "p2p.tar.zst"
-    assert _hermetic(root, "export", str(archive), "--name", "p2p").returncode == 0
+    assert _hermetic(root, "export", str(archive), "--name", "p2p", "--level", "1").returncode == 0
     other = tmp_path / "other"
     p = _hermetic(other, "import", str(archive))
     assert p.returncode == 0, p.stderr
@@ -272,7 +272,7 @@ def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path
     os.chmod(meta_path, 0o644)
     meta_path.write_text(json.dumps(meta))
     foreign = tmp_path / "foreign.tar.zst"
-    assert _hermetic(other, "export", str(foreign), "--name", "p2p").returncode == 0
+    assert _hermetic(other, "export", str(foreign), "--name", "p2p", "--level", "1").returncode == 0
     third = tmp_path / "third"
     p = _hermetic(third, "import", str(foreign))
     assert p.returncode == 3 and "torch=0.0.1" in p.stderr and "Traceback" not in p.stderr
