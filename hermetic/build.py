@@ -21,7 +21,7 @@ from .errors import WorkFailed
 from .flags import BuildPlan, Compile, plan_extension
 from .interpreter import host_identity
 from .keys import KEY_ENV
-from .objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, producer_record
+from .objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, producer_record, stored_blob
 from .procs import Limits, run_limited
 from .recipe import Extension, Recipe, Variant
 from .reporter import Reporter
@@ -276,6 +276,7 @@ def _certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[
         meta = d.meta or {}
         objects.append({"source": d.compile.rel, "object": d.compile.object, "decision": d.decision,
                         "entry": d.entry, "key": meta.get("key"), "digest": meta.get("object"),
+                        "blob": stored_blob(meta) if meta.get("object") else None,
                         "waived": d.waived, "reason": d.reason, "first_built_by": meta.get("built_by"),
                         "inputs": meta.get("inputs", [])})
     return {"format": 1, "recipe": recipe.name, "variant": variant.name, "module": plan.module,

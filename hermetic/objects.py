@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fs
+from .errors import WorkFailed
 from .flags import Compile
 from .keys import (
     TEMPORAL,
@@ -37,9 +38,35 @@ from .root import Root
 from .store import Store, entry_name
 
 RAW, STRIPPED = "raw", "stripped"
+# An object is stored zstd-compressed (``meta["packed"]``) when that saves at least a quarter of its bytes:
+# host objects shrink about 4x; objects whose device code nvcc already compressed barely shrink and stay raw.
+PACK_LEVEL, PACK_RATIO = 3, 0.75
 # find() knows only that no stored object matched; --explain then names the component that changed
 NO_MATCH = "no object compiled with this command and toolchain"
 INPUT_CHANGED = "an input changed since the stored objects were compiled"
+
+
+def object_bytes(store: Store, meta: dict[str, Any]) -> bytes | None:
+    """An object record's bytes (unpacked if it is stored compressed); None unless they hash to the record."""
+    import zstandard
+    packed = meta.get("packed")
+    try:
+        if packed:
+            data = store.blob_path(packed["blob"]).read_bytes()
+            if fs.sha256_bytes(data) != packed["blob"]:  # the blob itself first: zstd ignores trailing bytes
+                return None
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=int(meta["size"]))
+        else:
+            data = store.blob_path(meta["object"]).read_bytes()
+    except (OSError, zstandard.ZstdError, KeyError, TypeError, ValueError):
+        return None
+    return data if fs.sha256_bytes(data) == meta["object"] else None
+
+
+def stored_blob(meta: dict[str, Any]) -> str:
+    """The blob an object record keeps its bytes in: the compressed one, else the object's own."""
+    packed = meta.get("packed")
+    return str(packed["blob"]) if packed else str(meta["object"])
 
 
 class InputHasher:
@@ -200,9 +227,9 @@ class ObjectCache:
         return None
 
     def _use(self, c: Compile, meta: dict[str, Any], decision: str, waived: list[str]) -> Decision:
-        digest = meta["object"]
+        digest = stored_blob(meta)
         blob = self.store.blob_path(digest)
-        if not blob.exists() or fs.sha256_file(blob)[0] != digest:  # re-hashed at every use
+        if not blob.exists() or object_bytes(self.store, meta) is None:  # re-hashed at every use
             trash = self.store.invalidate(meta["name"])
             if trash is not None:
                 fs.remove_tree(trash)
@@ -234,11 +261,14 @@ class ObjectCache:
         digest, size = fs.sha256_file(obj)
         with self.store.build_entry(name) as staging:
             if staging is not None:
-                if not self.store.use_blob(digest):
+                packed = None if self.store.use_blob(digest) else self._pack(obj, size)
+                if packed is None and not self.store.use_blob(digest):
                     # the blob must be its own inode: a later compile rewrites the build folder's object
                     with fs.scratch_file(self.store.tmp, "obj-") as tmp:
                         shutil.copyfile(obj, tmp)
                         self.store.put_blob_file(tmp, digest)
+                if packed is not None:
+                    staging.meta["packed"] = packed
                 staging.meta.update({"kind": "object", "name": name, "key": object_key(lk, defines, inputs),
                                      "lookup": lk, "source": c.rel,
                                      "object": digest, "size": size, "inputs": inputs,
@@ -246,16 +276,26 @@ class ObjectCache:
                                      "command": list(c.argv), "output": c.object,
                                      "env": key_env("nvcc" if c.cuda else "cxx", self.env),
                                      "toolchain": self.toolchain, "built_by": producer,
-                                     "refs": [f"blob:{digest}"]})
+                                     "refs": [f"blob:{packed['blob'] if packed else digest}"]})
         self._index(lk, name)
         return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
+
+    def _pack(self, obj: Path, size: int) -> dict[str, Any] | None:
+        """Store the object zstd-compressed when that pays (see PACK_RATIO); its description, else None."""
+        import zstandard
+        data = obj.read_bytes()
+        packed = zstandard.ZstdCompressor(level=PACK_LEVEL).compress(data)
+        if len(data) != size or len(packed) > PACK_RATIO * size:
+            return None
+        return {"codec": "zstd", "blob": self.store.put_blob_bytes(packed), "size": len(packed)}
 
     def adopt(self, meta: dict[str, Any]) -> None:
         """Publish an object record made elsewhere (the remote cache; its blob already verified in the store)
         and list it under its lookup key, where find() then sees it like any other."""
         with self.store.build_entry(meta["name"]) as staging:
             if staging is not None:
-                staging.meta.update({**meta, "refs": [f"blob:{meta['object']}"]})
+                staging.meta.update({**{k: v for k, v in meta.items() if k != "packed"},
+                                     "refs": [f"blob:{meta['object']}"]})
         self._index(meta["lookup"], meta["name"])
 
     def _index(self, lk: str, name: str) -> None:
@@ -263,13 +303,21 @@ class ObjectCache:
         fs.atomic_symlink(os.path.relpath(self.store.entry_path(name), link.parent), link)
 
     def place(self, d: Decision) -> None:
-        """Put a reused object where the link step expects it (a hard link to its blob)."""
+        """Put a reused object where the link step expects it: a hard link to its blob, or its unpacked bytes."""
         assert d.meta is not None
         obj = Path(d.compile.object)
         obj.parent.mkdir(parents=True, exist_ok=True)
         if obj.exists() or obj.is_symlink():
             obj.unlink()
-        fs.link_or_copy(self.store.blob_path(d.meta["object"]), obj)
+        if not d.meta.get("packed"):
+            fs.link_or_copy(self.store.blob_path(d.meta["object"]), obj)
+            return
+        data = object_bytes(self.store, d.meta)
+        if data is None:  # _use checked it a moment ago: only a concurrent corruption gets here
+            raise WorkFailed(f"the stored object {d.meta['name']} changed while it was being reused",
+                             where=str(self.store.blob_path(stored_blob(d.meta))),
+                             hint="run `hermetic verify --repair`, then realize again")
+        fs.atomic_write(obj, data, durable=False)
 
 
 def producer_record(recipe: str, variant: str, module: str) -> dict[str, Any]:

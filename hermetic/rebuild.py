@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import fs
-from .objects import InputHasher
+from .objects import InputHasher, object_bytes
 from .root import Root
 from .store import Store
 
@@ -66,8 +65,8 @@ def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str) -> Rebuil
         if p.returncode != 0:
             return Rebuilt(name, source, "mismatch", f"the recorded command failed now: {p.stderr[-500:]}")
         fresh = Path(out).read_bytes()
-    stored = store.blob_path(meta["object"]).read_bytes()
-    if fs.sha256_bytes(stored) != meta["object"]:
+    stored = object_bytes(store, meta)
+    if stored is None:
         return Rebuilt(name, source, "mismatch", "the stored object does not hash to its record")
     if normalized(fresh) != normalized(stored):
         return Rebuilt(name, source, "mismatch",

@@ -30,7 +30,7 @@ from . import fs
 from .actionresult import SHA256_RE, OutputFile
 from .flags import Compile
 from .keys import lookup_key, object_key, split_defines
-from .objects import Decision, ObjectCache
+from .objects import Decision, ObjectCache, object_bytes
 from .remote import RemoteCache
 from .store import STORE_FORMAT, Store, entry_name
 
@@ -141,12 +141,14 @@ class Sharing:
         listed = _manifest(self.remote.get_ac(key) or [])
         added: list[tuple[OutputFile, OutputFile]] = []
         for meta in metas:
-            data = fs.canonical_json(meta)
+            # the team's records name the object's own bytes: how this store keeps them is its own affair
+            shared = {k: v for k, v in meta.items() if k != "packed"}
+            shared["refs"] = [f"blob:{meta['object']}"]
+            data = fs.canonical_json(shared)
             digest = fs.sha256_bytes(data)
             if meta["name"] in listed and listed[meta["name"]][0].digest == digest:
                 continue
-            if not (self.remote.put_cas_file(meta["object"], self.store.blob_path(meta["object"]))
-                    and self.remote.put_cas_bytes(digest, data)):
+            if not (self._put_object(meta) and self.remote.put_cas_bytes(digest, data)):
                 return 0  # the list never names a blob that is not uploaded
             added.append((OutputFile(f"{meta['name']}/meta.json", digest, len(data)),
                           OutputFile(f"{meta['name']}/object", meta["object"], meta["size"])))
@@ -156,6 +158,14 @@ class Sharing:
         kept = [pair for name, pair in listed.items() if name not in names]
         pairs = (added + kept)[:MAX_CANDIDATES]
         return len(added) if self.remote.put_ac(key, [f for pair in pairs for f in pair]) else 0
+
+    def _put_object(self, meta: dict[str, Any]) -> bool:
+        if not meta.get("packed"):
+            return self.remote.put_cas_file(meta["object"], self.store.blob_path(meta["object"]))
+        data = object_bytes(self.store, meta)
+        if data is None:
+            return False
+        return self.remote.put_cas_bytes(meta["object"], data)
 
     # modules and certificates ---------------------------------------------------------
     def fetch_module(self, key: str, filename: str) -> tuple[str, str] | None:

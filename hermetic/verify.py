@@ -75,8 +75,9 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int],
             problems.append(Problem("entry", name, f"{rel}: blob {digest[:16]}… is missing"))
     if meta.get("kind") == "tree":
         problems += _check_tree(path / "out", name, files, meta.get("links", {}), inodes)
+    packed = meta.get("packed")
     for key in ("object", "so"):  # objects and modules: their one blob must be there and sound
-        digest = meta.get(key)
+        digest = packed.get("blob") if key == "object" and isinstance(packed, dict) else meta.get(key)
         if isinstance(digest, str):
             if digest in bad_blobs:
                 problems.append(Problem("entry", name, f"its {key} blob {digest[:16]}… is corrupt"))

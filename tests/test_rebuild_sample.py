@@ -47,10 +47,14 @@ def test_rebuild_sample_finds_no_mismatch_then_catches_a_planted_object(tmp_path
     digest = store.put_blob_bytes(wrong.read_bytes())
     meta_path = store.entry_path(name) / "meta.json"
     os.chmod(meta_path, 0o644)
-    meta_path.write_text(json.dumps({**meta, "object": digest}))
+    planted = {k: v for k, v in meta.items() if k != "packed"}  # a raw blob, hashing to the record
+    meta_path.write_text(json.dumps({**planted, "object": digest, "size": wrong.stat().st_size,
+                                     "refs": [f"blob:{digest}"]}))
     rc, result = _verify(root, 100)
     outcomes = {r["source"]: r["outcome"] for r in result["rebuilt"]}  # type: ignore[index]
     assert rc == 1 and outcomes["other.cpp"] == "mismatch"
+    assert "recompiled object differs" in next(r["detail"] for r in result["rebuilt"]  # type: ignore[union-attr]
+                                               if r["source"] == "other.cpp")
     assert [s for s, o in outcomes.items() if o == "mismatch"] == ["other.cpp"]
 
 

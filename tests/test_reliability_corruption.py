@@ -65,16 +65,16 @@ def test_a_flipped_object_is_reported_and_never_reused(tmp_path: Path, root: Pat
     proj, first = project(tmp_path, root, "cobj")
     obj = next(o for o in first.certificate["objects"] if o["source"] == "other.cpp")  # type: ignore[union-attr]
     store = Store(root / "store")
-    flip_bit(store.blob_path(obj["digest"]))
+    flip_bit(store.blob_path(obj["blob"]))
     rc, problems, err = verify(root)
     assert rc == 1 and "Traceback" not in err
-    assert {(p["kind"], p["name"]) for p in problems} >= {("blob", obj["digest"]), ("entry", obj["entry"])}
+    assert {(p["kind"], p["name"]) for p in problems} >= {("blob", obj["blob"]), ("entry", obj["entry"])}
     # the renamed variant would reuse other.cpp's object across variants: it finds it corrupt and compiles
     renamed = proj.realize("--variant", "renamed")
     cert_obj = next(o for o in renamed.certificate["objects"] if o["source"] == "other.cpp")  # type: ignore[union-attr]
     assert cert_obj["decision"] == "compiled" and "corrupt" in cert_obj["reason"]
-    assert cert_obj["digest"] != obj["digest"] or hashlib.sha256(
-        store.blob_path(cert_obj["digest"]).read_bytes()).hexdigest() == cert_obj["digest"]
+    assert cert_obj["blob"] != obj["blob"] or hashlib.sha256(
+        store.blob_path(cert_obj["blob"]).read_bytes()).hexdigest() == cert_obj["blob"]
     assert renamed.decisions["host.cpp"] == "reused-variant"  # the sound objects still are reused
     assert verify(root)[0] == 0
 

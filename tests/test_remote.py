@@ -180,7 +180,7 @@ def test_uploads_are_framed_for_bazel_remote_and_large_objects_pass(team: Team) 
     objects_list = f"/cache/ac/{objects_key(_entry_meta(team, 'table.cpp')['lookup'])}"
     assert order.index(f"/cache/cas/{a.digests['table.cpp']}") < order.index(objects_list)
     # table.cpp's object is above nginx's default 1 MiB body limit; the repository's config lets it through
-    size = (team.first_root / "store" / "blobs" / a.digests["table.cpp"][:2] / a.digests["table.cpp"]).stat().st_size
+    size = _entry_meta(team, "table.cpp")["size"]  # the object's own size (the store may keep it compressed)
     assert size > 1 << 20
     assert any(f"/cache/cas/{a.digests['table.cpp']} " in line and '" 201 ' in line for line in puts)
     stored = team.server.path("cas", a.digests["table.cpp"])

@@ -3,6 +3,7 @@ which objects compile."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -43,6 +44,17 @@ def test_module_name_variant_waives_the_name_where_no_input_mentions_it(tmp_path
     assert waived["other.cpp"] == ["TORCH_EXTENSION_NAME"]
     reasons = {o["source"]: o["reason"] for o in res.certificate["objects"]}  # type: ignore[index]
     assert "name.h mentions" in reasons["named.cpp"]
+    # the store keeps objects zstd-compressed where that pays; a reused one is placed with its own bytes
+    objs = {o["source"]: o for o in res.certificate["objects"]}  # type: ignore[index]
+    for source in ("host.cpp", "other.cpp", "kern.cu"):
+        placed = Path(objs[source]["object"])
+        assert hashlib.sha256(placed.read_bytes()).hexdigest() == objs[source]["digest"]
+    packed = [o for o in objs.values() if o["blob"] and o["blob"] != o["digest"]]
+    assert {o["source"] for o in packed} >= {"host.cpp", "other.cpp"}
+    for o in packed:
+        blob = shared_root / "store" / "blobs" / o["blob"][:2] / o["blob"]
+        assert blob.stat().st_size < 0.75 * Path(o["object"]).stat().st_size
+        assert not (shared_root / "store" / "blobs" / o["digest"][:2] / o["digest"]).exists()
 
 
 def test_a_define_used_by_one_file_rebuilds_that_file_only(tmp_path: Path, shared_root: Path) -> None:
@@ -94,7 +106,8 @@ def test_a_tampered_stored_object_is_detected_and_rebuilt(tmp_path: Path, shared
     proj = Project(tmp_path / "p", "tamper", shared_root)
     first = proj.realize()
     objs = {o["source"]: o for o in first.certificate["objects"]}  # type: ignore[index]
-    blob = shared_root / "store" / "blobs" / objs["other.cpp"]["digest"][:2] / objs["other.cpp"]["digest"]
+    stored = objs["other.cpp"]["blob"]  # the object's blob, zstd-compressed when that pays
+    blob = shared_root / "store" / "blobs" / stored[:2] / stored
     os.chmod(blob, 0o644)
     blob.write_bytes(blob.read_bytes() + b"\0")
     proj.edit("util.h", "2 * scale(x)", "2 * scale(x) + 0")  # something must change for a rebuild
