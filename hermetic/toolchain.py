@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +108,7 @@ def host_compiler(root: Root, name: str) -> dict[str, str]:
 def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str], str]) -> str:
     """A tool's answer, cached by the tool's stat fingerprint (running nvcc costs ~50 ms)."""
     def run() -> str:
+        import subprocess  # only when a tool's answer is not cached: a no-op never runs one
         try:
             p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
                                env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)})
