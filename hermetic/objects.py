@@ -227,9 +227,11 @@ class ObjectCache:
         return None
 
     def _use(self, c: Compile, meta: dict[str, Any], decision: str, waived: list[str]) -> Decision:
+        # re-hashed at every use: the blob that holds the object (a packed one's bytes then follow from it;
+        # place() checks them against the record as it unpacks them)
         digest = stored_blob(meta)
         blob = self.store.blob_path(digest)
-        if not blob.exists() or object_bytes(self.store, meta) is None:  # re-hashed at every use
+        if not blob.exists() or fs.sha256_file(blob)[0] != digest:
             trash = self.store.invalidate(meta["name"])
             if trash is not None:
                 fs.remove_tree(trash)
@@ -258,10 +260,11 @@ class ObjectCache:
         rest, defines = split_defines(c.argv)
         name = entry_name(object_key(lk, defines, inputs), "obj-" + os.path.basename(c.object))
         obj = Path(c.object)
-        digest, size = fs.sha256_file(obj)
+        data = obj.read_bytes()
+        digest, size = fs.sha256_bytes(data), len(data)
         with self.store.build_entry(name) as staging:
             if staging is not None:
-                packed = None if self.store.use_blob(digest) else self._pack(obj, size)
+                packed = None if self.store.use_blob(digest) else self._pack(data)
                 if packed is None and not self.store.use_blob(digest):
                     # the blob must be its own inode: a later compile rewrites the build folder's object
                     with fs.scratch_file(self.store.tmp, "obj-") as tmp:
@@ -280,12 +283,11 @@ class ObjectCache:
         self._index(lk, name)
         return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
 
-    def _pack(self, obj: Path, size: int) -> dict[str, Any] | None:
+    def _pack(self, data: bytes) -> dict[str, Any] | None:
         """Store the object zstd-compressed when that pays (see PACK_RATIO); its description, else None."""
         import zstandard
-        data = obj.read_bytes()
         packed = zstandard.ZstdCompressor(level=PACK_LEVEL).compress(data)
-        if len(data) != size or len(packed) > PACK_RATIO * size:
+        if len(packed) > PACK_RATIO * len(data):
             return None
         return {"codec": "zstd", "blob": self.store.put_blob_bytes(packed), "size": len(packed)}
 
@@ -313,7 +315,7 @@ class ObjectCache:
             fs.link_or_copy(self.store.blob_path(d.meta["object"]), obj)
             return
         data = object_bytes(self.store, d.meta)
-        if data is None:  # _use checked it a moment ago: only a concurrent corruption gets here
+        if data is None:  # _use checked its blob a moment ago: only a concurrent corruption gets here
             raise WorkFailed(f"the stored object {d.meta['name']} changed while it was being reused",
                              where=str(self.store.blob_path(stored_blob(d.meta))),
                              hint="run `hermetic verify --repair`, then realize again")

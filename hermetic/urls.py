@@ -7,6 +7,7 @@ logs and receipts, so every message and record passes its URLs through ``redact`
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,7 +17,6 @@ _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[
 
 def remote_in_environment() -> bool:
     """Whether any HERMETIC_REMOTE_CACHE* variable is set: only then is the remote module worth importing."""
-    import os
     return any(k.startswith("HERMETIC_REMOTE_CACHE") for k in os.environ)
 
 
