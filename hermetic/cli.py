@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", action="append", default=[], metavar="ROOT",
                    help="export only these roots (default: all)")
     p.add_argument("--level", type=_zstd_level, default=19, metavar="N",
-                   help="zstd level, 1-22 (default 19: the CUDA toolchain in 53 MB, about 4 minutes on one "
-                        "core; 10: 67 MB in 10 s)")
+                   help="zstd level, 1-22 (default 19: the CUDA toolchain in 53 MB, about 2 minutes on 2 "
+                        "cores; 10: 67 MB in 7 s)")
 
     p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
     p.add_argument("archive", type=Path)
