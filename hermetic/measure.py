@@ -313,6 +313,21 @@ def measure_p2p(p2p: Any, size: int, reps: int) -> dict[str, Any]:
     return out
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor (``vendor_id``: GenuineIntel, AuthenticAMD): torch's CPU kernels (MKL, oneDNN) take other
+    code paths on another vendor's CPU of the same instruction set, so the same ISA gives other bits there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    vendor = line.split(":", 1)[1].strip()
+                    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(
+                        vendor, "".join(c for c in vendor.lower() if c.isalnum()) or "unknown")
+    except OSError:
+        pass
+    return "unknown"
+
+
 def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str, Any]:
     import platform
 
@@ -320,7 +335,7 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str
     facts: dict[str, Any] = {
         "python": platform.python_version(), "executable": sys.executable, "torch": torch.__version__,
         "torch_cuda": torch.version.cuda, "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_vendor": cpu_vendor(),
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0),
         "modules": {name: getattr(m, "__file__", None) for name, m in modules.items()},
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",

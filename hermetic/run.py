@@ -275,11 +275,13 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
 
 # digests ---------------------------------------------------------------------------------------------------
 def device_class(kind: str, env: dict[str, Any]) -> str:
-    """What changes arithmetic: the GPU architecture or CPU instruction set, torch, the thread count."""
+    """What changes arithmetic: the GPU architecture, or the CPU's instruction set and vendor (MKL and oneDNN
+    dispatch by both: one AVX-512 class gave other bits on AMD than on Intel); torch; the thread count."""
     torch_v = str(env["torch"]).replace("+", "_")
     if kind == "gpu":
         return f"sm{env['capability'].replace('.', '')}-torch{torch_v}"
-    return f"cpu-{str(env['cpu_capability']).lower()}-torch{torch_v}-t{env['threads']}"
+    return (f"cpu-{str(env['cpu_capability']).lower()}-{env.get('cpu_vendor', 'unknown')}-torch{torch_v}"
+            f"-t{env['threads']}")
 
 
 def check_digests(digests: dict[str, str], folder: Path, cls: str, *, record: bool, runner_name: str
