@@ -65,7 +65,7 @@ case $stage in
     sed 's/^memory = "32G"/memory = "1G"/' runner/worker.toml > runner/trip-memory.toml
     "${H[@]}" run runner/trip-memory.toml --power-cap 700 > "$W/trip-memory.log" 2>&1
     echo "memory 1G: exit $?"; tail -3 "$W/trip-memory.log"; keep trip-memory
-    python3 -c "from hermetic.gpu import nvml_facts; import json; print(json.dumps(nvml_facts(0).to_json(), indent=1))" \
+    python3 -c "from hermetic.run.gpu import nvml_facts; import json; print(json.dumps(nvml_facts(0).to_json(), indent=1))" \
         > "$W/h200-facts.json"
     ;;
 4)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import PreconditionFailed
+from hermetic.errors import PreconditionFailed
 
 CHUNK = 1 << 20
 Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .fs import canonical_json, sha256_bytes
+from hermetic.fs import canonical_json, sha256_bytes
 
 SALT = "hermetic-object-v1"
 # Environment variables that change what nvcc or gcc produce (build-caches.md, section (c) 4).
@@ -88,10 +88,6 @@ def identifier_re(names: Iterable[str]) -> re.Pattern[bytes]:
     return re.compile(rb"(?<![A-Za-z0-9_])(?:" + alts + rb")(?![A-Za-z0-9_])")
 
 
-def mentions(data: bytes, names: Iterable[str]) -> bool:
-    """Whether any name occurs as a whole identifier. Raw bytes, comments included: a waiver must be safe,
-    so a mention anywhere counts."""
-    return identifier_re(names).search(data) is not None
 
 
 # Comments out, every line kept: a comment-only edit leaves this unchanged and __LINE__ where it was.

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 _SHIM = r"""
 import json, os, resource, sys
@@ -152,3 +153,20 @@ def kill_session(sid: int) -> None:
     kill = _scope["kill_session"]
     assert callable(kill)
     kill(sid)
+
+
+RESULT_MARK = "hermetic-probe-result: "
+
+
+def run_probe(argv: list[str], *, env: dict[str, str], cwd: str) -> tuple[dict[str, Any] | None, str]:
+    """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
+    (procs.run_limited). Its result is the JSON after RESULT_MARK; stdout and stderr arrive merged.
+    Returns (result, or None when it failed; its other output)."""
+    from hermetic.procs import Limits, run_limited
+    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None)
+    found = [line for line in tail if line.startswith(RESULT_MARK)]
+    text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))
+    if rc != 0 or not found:
+        return None, text
+    result: dict[str, Any] = json.loads(found[-1][len(RESULT_MARK):])
+    return result, text

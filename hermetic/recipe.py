@@ -12,8 +12,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
-from .tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key, load_toml
+from hermetic.errors import BadInput
+from hermetic.tomlutil import (
+    KeyPath,
+    TomlDoc,
+    check_keys,
+    cpu_list,
+    expect_type,
+    get_key,
+    inside_repo,
+    load_toml,
+    repo_file,
+    size_bytes,
+    strings,
+)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -85,7 +97,7 @@ class Recipe:
     limits: Limits = field(default_factory=lambda: Limits(jobs=os.cpu_count() or 1))
     extensions: tuple[Extension, ...] = ()
     variants: tuple[Variant, ...] = ()
-    remote_url: str | None = None  # [remote] url: a team's cache (hermetic.remote), no credentials
+    remote_url: str | None = None  # [remote] url: a team's cache (hermetic.remote.settings), no credentials
     remote_mode: str | None = None
 
     @property
@@ -119,7 +131,7 @@ def load_recipe(path: Path) -> Recipe:
         raise BadInput(f"recipe name {name!r} is not a plain name", where=doc.where("recipe", "name"),
                        hint="use letters, digits, '.', '_' and '-' (at most 64)")
     python = get_key(doc, rec, "python", str, ("recipe",))
-    locks = tuple(_file(doc, path.parent, v, ("recipe", "locks", i))
+    locks = tuple(repo_file(doc, path.parent, v, ("recipe", "locks", i))
                   for i, v in enumerate(expect_type(doc, rec.get("locks", []), list, ("recipe", "locks"))))
     toolchain, toolchain_lock = _toolchain(doc, path.parent, data)
     if toolchain_lock is not None:
@@ -151,7 +163,7 @@ def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None]:
     url = get_key(doc, table, "url", str, kp)
     mode = get_key(doc, table, "mode", str, kp)
     if url is not None:
-        from .remote import split_credentials
+        from hermetic.urls import split_credentials
         _base, auth = split_credentials(url, doc.where(*kp, "url"))
         if auth is not None:
             raise BadInput("remote.url carries credentials; a recipe is shared, credentials are not",
@@ -172,12 +184,12 @@ def _toolchain(doc: TomlDoc, folder: Path, data: dict[str, Any]) -> tuple[Toolch
     if not re.fullmatch(r"\d+\.\d+", cuda):
         raise BadInput(f"toolchain.cuda must be MAJOR.MINOR, found {cuda!r}",
                        where=doc.where("toolchain", "cuda"), hint='for example cuda = "13.0"')
-    archs = tuple(_strings(doc, tc, "archs", ("toolchain",))) or DEFAULT_ARCHS
+    archs = tuple(strings(doc, tc, "archs", ("toolchain",))) or DEFAULT_ARCHS
     for i, a in enumerate(archs):
         if not ARCH_RE.match(a):
             raise BadInput(f"architecture {a!r} is not of the form MAJOR.MINOR[+PTX]",
                            where=doc.where("toolchain", "archs", i), hint='for example archs = ["9.0"]')
-    lock = _file(doc, folder, tc["lock"], ("toolchain", "lock")) if "lock" in tc else None
+    lock = repo_file(doc, folder, tc["lock"], ("toolchain", "lock")) if "lock" in tc else None
     return Toolchain(cuda, archs), lock
 
 
@@ -196,7 +208,7 @@ def _source(doc: TomlDoc, folder: Path, name: str, raw: object) -> Source:
                        where=doc.where(*kp, "sha256"), hint="add sha256 = \"...\" (sha256sum of the file)")
     src_path = None
     if "path" in table:
-        src_path = _inside(doc, folder, expect_type(doc, table["path"], str, (*kp, "path")), (*kp, "path"))
+        src_path = inside_repo(doc, folder, expect_type(doc, table["path"], str, (*kp, "path")), (*kp, "path"))
         if not src_path.is_dir():
             raise BadInput(f"source folder {src_path} does not exist", where=doc.where(*kp, "path"),
                            hint="paths are relative to the recipe's folder")
@@ -208,8 +220,8 @@ def _source(doc: TomlDoc, folder: Path, name: str, raw: object) -> Source:
     if subdir.startswith("/") or ".." in subdir.split("/"):
         raise BadInput(f"subdir {subdir!r} leaves the archive", where=doc.where(*kp, "subdir"),
                        hint="a relative folder inside the archive")
-    patches = tuple(_file(doc, folder, p, (*kp, "patches", i))
-                    for i, p in enumerate(_strings(doc, table, "patches", kp)))
+    patches = tuple(repo_file(doc, folder, p, (*kp, "patches", i))
+                    for i, p in enumerate(strings(doc, table, "patches", kp)))
     return Source(name, src_path, wheel, get_key(doc, table, "url", str, kp), sha, subdir.strip("/"), patches,
                   doc.where(*kp))
 
@@ -229,44 +241,12 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
                        hint="0 is normal priority, 19 the lowest")
     cpus = None
     if "cpus" in table:
-        cpus = _cpu_list(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
+        cpus = cpu_list(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
     space = None
     if "address_space" in table:
-        space = _bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
+        space = size_bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
                        (*kp, "address_space"))
     return Limits(jobs, cpus, nice, space)
-
-
-def _cpu_list(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[int, ...]:
-    cpus: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            first, last = int(lo), int(hi or lo)
-            if last - first >= 4096:  # checked before the range is built: "0-99999999999" is no CPU list
-                raise BadInput(f"cpus {text!r} names more than 4096 CPUs", where=doc.where(*kp),
-                               hint='cpus = "0-7"')
-            cpus.update(range(first, last + 1))
-    except ValueError:
-        raise BadInput(f"cpus {text!r} is not a CPU list", where=doc.where(*kp),
-                       hint='for example cpus = "0-7" or "0,2,4"') from None
-    if not cpus or len(cpus) > 4096:
-        raise BadInput(f"cpus {text!r} names no CPU or too many", where=doc.where(*kp), hint='cpus = "0-7"')
-    return tuple(sorted(cpus))
-
-
-def _bytes(doc: TomlDoc, text: str, kp: KeyPath) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
-    if not m:
-        raise BadInput(f"{text!r} is not a size", where=doc.where(*kp), hint='for example "16G" or "512M"')
-    value = float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
-    if value < 64 << 20:
-        raise BadInput(f"{text!r} is below 64 MiB: no compiler runs in that", where=doc.where(*kp),
-                       hint="give compilers at least a few GiB")
-    if value > 1 << 50:
-        raise BadInput(f"{text!r} is above 1 PiB: no machine has that to limit", where=doc.where(*kp),
-                       hint='for example "64G"; leave the key out for no limit')
-    return int(value)
 
 
 def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) -> Extension:
@@ -283,15 +263,15 @@ def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) ->
         raise BadInput(f"extension {name} names source {source!r}, which is not defined",
                        where=doc.where(*kp, "source"), hint=f"define [sources.{source}] or use one of "
                                                             f"{', '.join(sorted(sources)) or '(none)'}")
-    globs = tuple(_strings(doc, t, "sources", kp)) or ("**/*.cpp", "**/*.cu")
+    globs = tuple(strings(doc, t, "sources", kp)) or ("**/*.cpp", "**/*.cu")
     for key in ("sources", "exclude", "include_dirs"):
-        for j, g in enumerate(_strings(doc, t, key, kp)):
+        for j, g in enumerate(strings(doc, t, key, kp)):
             if g.startswith("/") or ".." in g.split("/"):
                 raise BadInput(f"{key} entry {g!r} leaves the source tree", where=doc.where(*kp, key, j),
                                hint="patterns and folders are relative to the source tree")
-    return Extension(name, source, globs, tuple(_strings(doc, t, "exclude", kp)),
-                     tuple(_strings(doc, t, "include_dirs", kp)), tuple(_strings(doc, t, "cflags", kp)),
-                     tuple(_strings(doc, t, "cuda_cflags", kp)), tuple(_strings(doc, t, "ldflags", kp)),
+    return Extension(name, source, globs, tuple(strings(doc, t, "exclude", kp)),
+                     tuple(strings(doc, t, "include_dirs", kp)), tuple(strings(doc, t, "cflags", kp)),
+                     tuple(strings(doc, t, "cuda_cflags", kp)), tuple(strings(doc, t, "ldflags", kp)),
                      _defines(doc, t, kp))
 
 
@@ -310,10 +290,11 @@ def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Ext
         if not MODULE_RE.match(module):
             raise BadInput(f"module {module!r} is not a Python module name", where=doc.where(*kp, "module"),
                            hint="letters, digits and _")
-    patches = tuple(_file(doc, folder, p, (*kp, "patches", i)) for i, p in enumerate(_strings(doc, t, "patches", kp)))
+    patches = tuple(repo_file(doc, folder, p, (*kp, "patches", i))
+                    for i, p in enumerate(strings(doc, t, "patches", kp)))
     default = get_key(doc, t, "default", bool, kp)
-    return Variant(name, module, patches, _defines(doc, t, kp), tuple(_strings(doc, t, "cflags", kp)),
-                   tuple(_strings(doc, t, "cuda_cflags", kp)), True if default is None else default)
+    return Variant(name, module, patches, _defines(doc, t, kp), tuple(strings(doc, t, "cflags", kp)),
+                   tuple(strings(doc, t, "cuda_cflags", kp)), True if default is None else default)
 
 
 def _distinct_modules(doc: TomlDoc, exts: tuple[Extension, ...], variants: tuple[Variant, ...]) -> None:
@@ -342,35 +323,3 @@ def _defines(doc: TomlDoc, t: dict[str, Any], kp: KeyPath) -> tuple[tuple[str, s
 
 def _has_cuda(e: Extension) -> bool:
     return any(g.endswith((".cu", "*")) for g in e.sources)
-
-
-def _strings(doc: TomlDoc, table: dict[str, Any], key: str, kp: KeyPath) -> list[str]:
-    values = expect_type(doc, table.get(key, []), list, (*kp, key))
-    return [expect_type(doc, v, str, (*kp, key, i)) for i, v in enumerate(values)]
-
-
-def _inside(doc: TomlDoc, folder: Path, text: str, kp: KeyPath) -> Path:
-    """A path relative to the recipe, which must stay inside the recipe's repository."""
-    p = (folder / text).resolve()
-    top = _repo_top(folder)
-    if not p.is_relative_to(top):
-        raise BadInput(f"{text} leaves the repository ({top})", where=doc.where(*kp),
-                       hint="keep recipe inputs inside the repository the recipe lives in")
-    return p
-
-
-def _repo_top(folder: Path) -> Path:
-    here = folder.resolve()
-    for d in (here, *here.parents):
-        if (d / ".git").exists():
-            return d
-    return here.parent
-
-
-def _file(doc: TomlDoc, folder: Path, value: object, key: KeyPath) -> Path:
-    text = expect_type(doc, value, str, key)
-    p = _inside(doc, folder, text, key)
-    if not p.is_file():
-        raise BadInput(f"file {text} does not exist (looked at {p})", where=doc.where(*key),
-                       hint="paths are relative to the recipe's folder")
-    return p

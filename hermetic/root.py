@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput
+from hermetic.errors import BadInput
 
 ROOT_MARKER = "HERMETIC_ROOT"
 
@@ -59,12 +59,8 @@ class Root:
     def home(self) -> Path:
         return self.path / "home"
 
-    @property
-    def logs(self) -> Path:
-        return self.path / "logs"
-
     def ensure(self) -> None:
-        for d in (self.path, self.profiles, self.roots, self.receipts, self.state, self.tmp, self.logs):
+        for d in (self.path, self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         marker = self.path / ROOT_MARKER
         if not marker.exists():

@@ -295,3 +295,67 @@ def _scan_lines(text: str) -> dict[KeyPath, int]:
     except (ValueError, IndexError):
         # Line numbers are a courtesy: keep what was found rather than lose the real error being reported.
         return scanner.lines
+
+
+def cpu_list(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[int, ...]:
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi or lo)
+            if last - first >= 4096:  # checked before the range is built: "0-99999999999" is no CPU list
+                raise BadInput(f"cpus {text!r} names more than 4096 CPUs", where=doc.where(*kp),
+                               hint='cpus = "0-7"')
+            cpus.update(range(first, last + 1))
+    except ValueError:
+        raise BadInput(f"cpus {text!r} is not a CPU list", where=doc.where(*kp),
+                       hint='for example cpus = "0-7" or "0,2,4"') from None
+    if not cpus or len(cpus) > 4096:
+        raise BadInput(f"cpus {text!r} names no CPU or too many", where=doc.where(*kp), hint='cpus = "0-7"')
+    return tuple(sorted(cpus))
+
+
+def size_bytes(doc: TomlDoc, text: str, kp: KeyPath) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.I)
+    if not m:
+        raise BadInput(f"{text!r} is not a size", where=doc.where(*kp), hint='for example "16G" or "512M"')
+    value = float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper())
+    if value < 64 << 20:
+        raise BadInput(f"{text!r} is below 64 MiB: no compiler runs in that", where=doc.where(*kp),
+                       hint="give compilers at least a few GiB")
+    if value > 1 << 50:
+        raise BadInput(f"{text!r} is above 1 PiB: no machine has that to limit", where=doc.where(*kp),
+                       hint='for example "64G"; leave the key out for no limit')
+    return int(value)
+
+
+def strings(doc: TomlDoc, table: dict[str, Any], key: str, kp: KeyPath) -> list[str]:
+    values = expect_type(doc, table.get(key, []), list, (*kp, key))
+    return [expect_type(doc, v, str, (*kp, key, i)) for i, v in enumerate(values)]
+
+
+def inside_repo(doc: TomlDoc, folder: Path, text: str, kp: KeyPath) -> Path:
+    """A path relative to the recipe, which must stay inside the recipe's repository."""
+    p = (folder / text).resolve()
+    top = repo_top(folder)
+    if not p.is_relative_to(top):
+        raise BadInput(f"{text} leaves the repository ({top})", where=doc.where(*kp),
+                       hint="keep recipe inputs inside the repository the recipe lives in")
+    return p
+
+
+def repo_top(folder: Path) -> Path:
+    here = folder.resolve()
+    for d in (here, *here.parents):
+        if (d / ".git").exists():
+            return d
+    return here.parent
+
+
+def repo_file(doc: TomlDoc, folder: Path, value: object, key: KeyPath) -> Path:
+    text = expect_type(doc, value, str, key)
+    p = inside_repo(doc, folder, text, key)
+    if not p.is_file():
+        raise BadInput(f"file {text} does not exist (looked at {p})", where=doc.where(*key),
+                       hint="paths are relative to the recipe's folder")
+    return p

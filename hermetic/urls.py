@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from hermetic.errors import BadInput
 
 # scheme://userinfo@ : userinfo may hold a bare token as the "user", so all of it goes.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/\s@?#]+)@")
@@ -41,3 +43,26 @@ def same_origin(a: str, b: str) -> bool:
     """Whether two URLs address the same scheme, host and port (credentials aside)."""
     pa, pb = urlsplit(a), urlsplit(b)
     return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
+
+
+def split_credentials(url: str, where: str) -> tuple[str, tuple[str, str] | None]:
+    """(the URL without userinfo and without a trailing slash, (user, password) or None)."""
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise BadInput(f"the remote cache URL {redact_text(url)!r} cannot be parsed", where=where,
+                       hint="for example https://cache.example/hermetic") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"the remote cache URL {redact(url)!r} is not an http(s) URL", where=where,
+                       hint="for example https://cache.example/hermetic (the folder holding ac/ and cas/)")
+    if parts.query or parts.fragment:
+        raise BadInput(f"the remote cache URL {redact(url)!r} has a query or fragment", where=where,
+                       hint="give the base folder only: hermetic appends /ac/<key> and /cas/<sha256>")
+    auth = None
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, netloc = netloc.rsplit("@", 1)
+        user, _, password = userinfo.partition(":")
+        auth = (unquote(user), unquote(password))
+    return urlunsplit(parts._replace(netloc=netloc, path=parts.path.rstrip("/"))), auth

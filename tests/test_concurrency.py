@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from hermetic.build import read_certificate
+from hermetic.build.certificate import read_certificate
 from hermetic.store import Store
 from tests.conftest import REPO, Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
 from tests.support.builds import Project
@@ -82,7 +82,7 @@ def _drop_records(root: Path, name: str) -> None:
 # entries does for seconds, made wide enough to land a realize in it every time.
 PAUSED_GC = """
 import os, sys, time
-import hermetic.gc as g
+import hermetic.store.gc as g
 plan = g.plan
 def paused(*args, **kwargs):
     p = plan(*args, **kwargs)
@@ -91,7 +91,7 @@ def paused(*args, **kwargs):
         time.sleep(0.01)
     return p
 g.plan = paused
-from hermetic.cli import main
+from hermetic.cli.main import main
 raise SystemExit(main())
 """
 

@@ -12,12 +12,12 @@ import pytest
 import requests
 from packaging.tags import Tag
 
-import hermetic.index
+import hermetic.fetch.index
 from hermetic.errors import BadInput, FetchFailed
-from hermetic.fetch import Fetcher
-from hermetic.index import Candidate, IndexClient, select
-from hermetic.lockfiles import LockedWheel
-from hermetic.pipconfig import PipConfig
+from hermetic.fetch.download import Fetcher
+from hermetic.fetch.index import Candidate, IndexClient, select
+from hermetic.fetch.pipconfig import PipConfig
+from hermetic.locks.types import LockedWheel
 from hermetic.reporter import Reporter
 from hermetic.urls import redact, redact_text
 from tests.support.index import dead_url, serve_index
@@ -74,7 +74,7 @@ def leftovers(tmp_path: Path) -> list[Path]:
 def test_index_pages_json_and_html(tmp_path: Path, wheel: BuiltWheel, monkeypatch: pytest.MonkeyPatch,
                                    accept: str) -> None:
     if accept == "html":  # an index that only speaks PEP 503 answers HTML whatever we accept
-        monkeypatch.setattr(hermetic.index, "ACCEPT", "text/html")
+        monkeypatch.setattr(hermetic.fetch.index, "ACCEPT", "text/html")
     with serve_index(wheel.path) as idx:
         cands = IndexClient(config(idx.simple_url), requests.Session()).candidates("Demo_Pkg")
         assert cands == [Candidate(f"{idx.url}/files/{wheel.filename}", wheel.filename, wheel.sha256,
@@ -268,7 +268,7 @@ def test_unlocked_hash_is_refused(tmp_path: Path, wheel: BuiltWheel) -> None:
 
 
 def test_trusted_hosts_skip_tls_verification_only_there() -> None:
-    from hermetic.index import verify_for
+    from hermetic.fetch.session import verify_for
     cfg = config(None, trusted_hosts=("127.0.0.1", "localhost:8443"))
     assert verify_for("https://127.0.0.1:9/simple", cfg) is False
     assert verify_for("https://localhost:8443/simple", cfg) is False

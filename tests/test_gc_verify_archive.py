@@ -101,7 +101,7 @@ def test_export_import_air_gapped(tmp_path: Path, hermetic: Hermetic, index: Loo
 def test_export_stream_puts_similar_bytes_together() -> None:
     """The largest binaries first, largest first (cicc beside libnvvm, ptxas beside nvlink), then the
     small files grouped by extension and path: what zstd's window can match is what sits close."""
-    from hermetic.archive import BIG_BLOB, stream_order
+    from hermetic.store.archive import BIG_BLOB, stream_order
     blobs = {"c1": "nvvm/bin/cicc", "n1": "lib/libnvvm.so.4", "p1": "bin/ptxas", "h2": "include/b.h",
              "h1": "include/a.h", "x1": "include/c.hpp", "t1": "bin/tiny"}
     sizes = {"c1": 76 * BIG_BLOB, "n1": 63 * BIG_BLOB, "p1": 37 * BIG_BLOB, "h2": 10, "h1": 900, "x1": 5,

@@ -7,7 +7,6 @@ from hermetic.keys import (
     is_debug,
     key_env,
     lookup_key,
-    mentions,
     parse_depfile,
     split_defines,
     strip_comments,
@@ -68,7 +67,3 @@ def test_depfile_parsing() -> None:
     text = "obj.o : /s/a.cpp /usr/include/b\\ c.h \\\n    /s/d.h\n/s/d.h:\n"
     assert parse_depfile(text) == ["/s/a.cpp", "/usr/include/b c.h", "/s/d.h"]
 
-
-def test_whole_identifier_mentions() -> None:
-    assert mentions(b"#define X TORCH_EXTENSION_NAME\n", ["TORCH_EXTENSION_NAME"])
-    assert not mentions(b"MY_TORCH_EXTENSION_NAME_2\n", ["TORCH_EXTENSION_NAME"])

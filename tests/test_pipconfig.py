@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hermetic.errors import BadInput
-from hermetic.pipconfig import PipConfig, load_pip_config
+from hermetic.fetch.pipconfig import PipConfig, load_pip_config
 
 PIP_MODULES = ("pip", "pip._internal", "pip._internal.configuration", "pip._internal.exceptions",
                "pip._internal.models", "pip._internal.models.index")

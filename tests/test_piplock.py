@@ -1,4 +1,4 @@
-"""The pip hash lock reader (hermetic.piplock), through read_lock."""
+"""The pip hash lock reader (hermetic.locks.piplock), through read_lock."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from hermetic.errors import BadInput
-from hermetic.lockfiles import LockedWheel, read_lock
+from hermetic.locks.read import read_lock
+from hermetic.locks.types import LockedWheel
 from tests.support.locks import ENV, H1, H2, H3, TAGS, WIN_ENV, WIN_TAGS, fails, line_of, read
 
 # --- pip hash locks: accepted ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The PEP 751 pylock.toml reader (hermetic.pylock), through read_lock."""
+"""The PEP 751 pylock.toml reader (hermetic.locks.pylock), through read_lock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.lockfiles import LockedWheel
+from hermetic.locks.types import LockedWheel
 from tests.support.locks import H1, H2, H3, T1, T2, T3, WIN_ENV, WIN_TAGS, fails, line_of, read
 
 # --- pylock.toml: accepted -------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import pytest
 from packaging.markers import default_environment
 from packaging.tags import compatible_tags, cpython_tags
 
-from hermetic.lockfiles import Lock, read_lock
+from hermetic.locks.read import read_lock
+from hermetic.locks.types import Lock
 from tests.support.index import LoopbackIndex, serve_index
 from tests.support.wheels import BuiltWheel, build_wheel
 

@@ -42,7 +42,7 @@ def test_noop_imports_no_heavy_module(tmp_path: Path, hermetic: Hermetic, index:
     hermetic("realize", recipe, check=True)
     res = hermetic("realize", recipe, env={"PYTHONPROFILEIMPORTTIME": "1"}, check=True)
     imported = {line.split("|")[-1].strip() for line in res.err.splitlines() if "import time" in line}
-    for heavy in ("requests", "installer", "packaging.markers", "torch", "hermetic.lockfiles"):
+    for heavy in ("requests", "installer", "packaging.markers", "torch", "hermetic.locks.read"):
         assert heavy not in imported, heavy
 
 

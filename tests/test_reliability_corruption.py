@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build import read_certificate
-from hermetic.rebuild import normalized
+from hermetic.build.certificate import read_certificate
+from hermetic.build.rebuild import normalized
 from hermetic.store import Store
 from tests.support.builds import Project, Realized
 from tests.support.reliability import REPO, child_env, hermetic, realize_toolchain, toolchain_wheels_from

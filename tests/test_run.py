@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from hermetic.errors import BadInput
-from hermetic.gpu import GpuFacts, check_preconditions
-from hermetic.runspec import load_runner
+from hermetic.run.gpu import GpuFacts, check_preconditions
+from hermetic.run.spec import load_runner
 from tests.conftest import REPO, Hermetic
 
 SMALL = """\

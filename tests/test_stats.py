@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from hermetic import stats
+from hermetic.run import stats
 
 
 def test_quantile_matches_linear_interpolation() -> None:

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.build import read_certificate
+from hermetic.build.certificate import read_certificate
 from hermetic.store import Store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,8 @@ import pytest
 from packaging.tags import Tag, compatible_tags, cpython_tags
 
 from hermetic.errors import BadInput
-from hermetic.lockfiles import Lock, read_lock
+from hermetic.locks.read import read_lock
+from hermetic.locks.types import Lock
 
 PLATFORMS = ["manylinux_2_17_x86_64", "linux_x86_64"]
 TAGS = [*cpython_tags((3, 11), ["cp311"], PLATFORMS), *compatible_tags((3, 11), "cp311", PLATFORMS)]

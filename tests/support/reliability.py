@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.audit import OutsideRootAudit
-from hermetic.rebuild import normalized
+from hermetic.build.rebuild import normalized
 from hermetic.store import Store
 from tests.support.wheels import BuiltWheel, build_wheel
 

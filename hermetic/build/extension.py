@@ -1,0 +1,291 @@
+"""Build one extension module: plan torch's commands, reuse what the object store certifies, compile the
+rest with ninja under the recipe's limits, link, and write the build's certificate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zstandard
+
+from hermetic import fs
+from hermetic.build.certificate import certificate, read_certificate
+from hermetic.build.host import host_identity
+from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, producer_record
+from hermetic.build.plan import BuildPlan, Compile, plan_extension
+from hermetic.build.toolchain import ToolchainInfo
+from hermetic.errors import WorkFailed
+from hermetic.keys import KEY_ENV
+from hermetic.procs import Limits, run_limited
+from hermetic.recipe import Extension, Recipe, Variant
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+from hermetic.store import Store, entry_name
+
+if TYPE_CHECKING:
+    from hermetic.build.share import ObjectShare
+
+MODULE_VERSION = 1
+# Passed through to compilers (and part of every object key); everything else of the caller's environment
+# that could steer a compiler is dropped: no system CUDA, no CC/CXX, no LD_LIBRARY_PATH.
+PASSED_ENV = tuple(k for k in KEY_ENV if k != "PATH")
+
+
+@dataclass
+class BuiltModule:
+    module: str
+    filename: str                  # module file name in the environment: NAME + the interpreter's suffix
+    entry: str                     # the module's store entry
+    digest: str                    # sha256 of the module file
+    certificate: str               # sha256 of the certificate's uncompressed bytes
+    certificate_blob: str          # blob holding the zstd-compressed certificate
+    decisions: list[Decision] = field(default_factory=list)
+    linked: bool = False
+
+    def counts(self) -> dict[str, int]:
+        c: dict[str, int] = {"objects": len(self.decisions)}
+        for d in self.decisions:
+            c[d.decision] = c.get(d.decision, 0) + 1
+        return c
+
+
+def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
+    env = root.child_env({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
+    env["PATH"] = (f"{tc.cuda_home / 'bin'}:" if tc else "") + "/usr/bin:/bin"
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU is visible to a build
+    if tc is not None:
+        env["CUDA_HOME"] = env["CUDA_PATH"] = str(tc.cuda_home)
+    return env
+
+
+def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
+                    facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: dict[str, Any],
+                    src_root: Path, tree_files: list[str], reporter: Reporter,
+                    share: ObjectShare | None = None) -> BuiltModule:
+    build_dir = root.path / "build" / recipe.name / variant.name / ext.name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    archs = recipe.toolchain.archs if recipe.toolchain else ()
+    plan = plan_extension(ext, variant, facts, tc.cuda_home if tc else None, archs, src_root, tree_files,
+                          build_dir)
+    env = build_env(root, tc)
+    cache = ObjectCache(root, store, toolchain_id, env)
+    decisions = [cache.find(c) for c in plan.compiles]
+    if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
+        fetched = share.fetch_objects(cache, [d.compile for d in decisions if d.decision == "compiled"])
+        for i, d in enumerate(decisions):
+            if d.compile.rel in fetched and (found := cache.find(d.compile)).decision != "compiled":
+                found.decision = "fetched-remote"
+                decisions[i] = found
+    state = root.state / "builds" / f"{recipe.name}.{variant.name}.{ext.name}.json"
+    previous = _previous_objects(store, state)
+    for d in decisions:  # say which key component changed, where find() only knows that none matched
+        if d.decision == "compiled" and d.reason in (NO_MATCH, INPUT_CHANGED):
+            d.reason = cache.explain(d.compile, previous.get(d.compile.rel))
+    for d in decisions:
+        if d.decision != "compiled":
+            cache.place(d)
+    todo = [d for d in decisions if d.decision == "compiled"]
+    reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - len(todo)} "
+                            f"reused, {len(todo)} to compile", module=plan.module, objects=len(plan.compiles),
+                   reused=len(plan.compiles) - len(todo), to_compile=len(todo))
+    if todo:
+        producer = producer_record(recipe.name, variant.name, plan.module)
+        index = {d.compile.rel: i for i, d in enumerate(decisions)}
+
+        def finished(rel: str) -> None:
+            # recorded as each compile finishes, so an interrupted build keeps what it compiled
+            i = index[rel]
+            recorded = cache.record(decisions[i].compile, producer)
+            recorded.reason = decisions[i].reason
+            decisions[i] = recorded
+
+        # the longest compiles first (most inputs last time, else cold_weight): a shorter critical path
+        order = sorted(todo, key=lambda d: (-(d.weight or 0), -cold_weight(d.compile)))
+        try:
+            reporter.event("phase", phase="compiling")
+            _compile(build_dir, [d.compile for d in order], env, recipe, reporter, plan.module, finished)
+        finally:
+            cache.hasher.save()
+    cache.hasher.save()
+    if share is not None:  # compiled here or reused from this store: share what the remote lacks
+        share.upload_objects([d.meta for d in decisions if d.meta and d.entry and d.decision != "fetched-remote"])
+    built = _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter,
+                              share)
+    fs.atomic_write(state, fs.canonical_json({"certificate": built.certificate_blob}), durable=False)
+    return built
+
+
+_LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
+
+
+def cold_weight(c: Compile) -> int:
+    """A compile's cost guessed without a previous compile of it: the source's size plus the sizes of the
+    local headers it includes directly (found next to it or in a -I folder). A binding unit that includes
+    every header of its extension (exllamav3's bindings.cpp, one of its longest units) is
+    then started first, where its own small size alone would start it late."""
+    try:
+        data = Path(c.source).read_bytes()
+    except OSError:
+        return 0
+    dirs = [os.path.dirname(c.source), *(a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2)]
+    total = len(data)
+    for name in dict.fromkeys(_LOCAL_INCLUDE.findall(data)):
+        for d in dirs:
+            p = os.path.join(d, os.fsdecode(name))
+            if os.path.isfile(p):
+                total += os.path.getsize(p)
+                break
+    return total
+
+
+def _previous_objects(store: Store, state: Path) -> dict[str, dict[str, Any]]:
+    """source -> object record of the previous build of this module, for --explain."""
+    try:
+        cert = read_certificate(store, json.loads(state.read_text())["certificate"])
+    except (OSError, ValueError, KeyError, zstandard.ZstdError):
+        return {}
+    out = {}
+    for o in cert["objects"]:
+        if o.get("entry") and store.has_entry(o["entry"]):
+            out[o["source"]] = store.entry_meta(o["entry"])
+    return out
+
+
+def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
+             reporter: Reporter, module: str, finished: Callable[[str], None]) -> None:
+    for c in compiles:  # a stale object must not look up to date to ninja: hermetic decided to compile
+        for p in (c.object, c.depfile):
+            if os.path.lexists(p):
+                os.unlink(p)
+        Path(c.object).parent.mkdir(parents=True, exist_ok=True)
+    lines = ["ninja_required_version = 1.3", "", "rule compile",
+             "  command = $cmd", "  depfile = $out.d", "  description = $desc", ""]
+    for c in compiles:
+        lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
+                  f"  cmd = {_ninja_escape(shlex.join(c.command()))}",
+                  f"  desc = compiled {c.rel}"]
+    ninja_file = build_dir / "build.ninja"
+    text = "\n".join(lines) + "\n"
+    if not (ninja_file.exists() and ninja_file.read_text() == text):
+        fs.atomic_write(ninja_file, text.encode(), durable=False)
+    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
+    task = reporter.task(f"compiling {module}", len(compiles), "objects")
+    # without a terminal, ninja prints an edge's description when it finishes successfully
+    status = re.compile(r"^\[(\d+)/(\d+)\] compiled (.+)$")
+
+    def on_line(line: str) -> None:
+        m = status.match(line)
+        if m:
+            task.advance(1)
+            finished(m.group(3))
+
+    env = {**env, "NINJA_STATUS": "[%f/%t] "}
+    try:
+        rc, tail = run_limited([_ninja(), "-j", str(recipe.limits.jobs), "-f", str(ninja_file)],
+                               cwd=str(build_dir), env=env, limits=limits, on_line=on_line)
+    finally:
+        task.close()
+    if rc != 0:
+        failed = [ln for ln in tail if ln.startswith("FAILED:")]
+        detail = "\n".join(ln for ln in tail if not ln.startswith("[") or "FAILED" in ln)[-4000:]
+        raise WorkFailed(f"compiling {module} failed ({len(failed)} objects):\n{detail}",
+                         where=str(ninja_file), hint="fix the compile error above; objects that built are kept")
+
+
+def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
+                      facts: dict[str, Any], decisions: list[Decision], env: dict[str, str],
+                      toolchain_id: dict[str, Any], reporter: Reporter, share: ObjectShare | None) -> BuiltModule:
+    digests = [d.meta["object"] if d.meta else fs.sha256_file(Path(d.compile.object))[0] for d in decisions]
+    paths = {d.compile.object for d in decisions} | {plan.output}  # build-folder paths leave the key
+    link_key_argv = ["<OBJ>" if a in paths else a for a in plan.link_argv]
+    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
+                                             "toolchain": toolchain_id, "link": link_key_argv,
+                                             "objects": digests}))
+    filename = plan.module + facts["ext_suffix"]
+    name = entry_name(key, f"mod-{plan.module}")
+    linked = False
+    reporter.event("phase", phase="linking")
+    _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use
+    module_from = "reused"
+    with store.build_entry(name) as staging:
+        if staging is not None:
+            # linked elsewhere with the same key: the module and that build's certificate, verified
+            shared = share.fetch_module(key, filename) if share is not None else None
+            if shared is None:
+                so_digest, producer = _link(store, recipe, plan, env), None
+            else:
+                so_digest, producer = shared
+            staging.meta.update({"kind": "module", "module": plan.module, "file": filename, "so": so_digest,
+                                 "host": host_identity(facts), "producer_certificate": producer,
+                                 "refs": [f"blob:{so_digest}", *([f"blob:{producer}"] if producer else []),
+                                          *(f"entry:{d.entry}" for d in decisions if d.entry)]})
+            linked = True
+            module_from = "linked" if shared is None else "fetched-remote"
+    meta = store.entry_meta(name)
+    module = {"decision": module_from, "entry": name, "producer_certificate": meta.get("producer_certificate"),
+              "remote": share.record() if share is not None else None}
+    cert = certificate(recipe, variant, plan, facts, toolchain_id, decisions, meta["so"], module)
+    raw = fs.canonical_json(cert)
+    cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
+    store.temproots.add(f"blob:{cert_blob}")
+    if share is not None and module_from != "fetched-remote":
+        share.upload_module(key, filename, meta["so"], cert_blob)
+    return BuiltModule(plan.module, filename, name, meta["so"], fs.sha256_bytes(raw), cert_blob, decisions,
+                       linked)
+
+
+def _drop_if_corrupt(store: Store, name: str) -> None:
+    """Invalidate a stored module whose file no longer hashes to its record: it is linked again, and the
+    blob healed in place with the new bytes (Store.put_blob_bytes), trees that hold it included."""
+    try:
+        digest = store.entry_meta(name).get("so")
+    except OSError:
+        return  # not built yet
+    except WorkFailed:
+        digest = None  # its record is damaged: link it again
+    if isinstance(digest, str) and store.blob_path(digest).exists() \
+            and fs.sha256_file(store.blob_path(digest))[0] == digest:
+        return
+    trash = store.invalidate(name)
+    if trash is not None:
+        fs.remove_tree(trash)
+
+
+def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) -> str:
+    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
+    rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=env,
+                           limits=limits, on_line=lambda _line: None)
+    if rc != 0:
+        raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
+                         hint="see the linker's message above")
+    return store.put_blob_bytes(Path(plan.output).read_bytes())
+
+
+def _ninja() -> str:
+    try:
+        import ninja
+        path = os.path.join(ninja.BIN_DIR, "ninja")
+        if os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if found is None:
+        raise WorkFailed("ninja is not installed", hint="pip install ninja")
+    return found
+
+
+def _ninja_escape(text: str) -> str:
+    return text.replace("$", "$$").replace("\n", "$\n")
+
+
+def _ninja_path(path: str) -> str:
+    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")

@@ -1,0 +1,120 @@
+"""Qualify the host interpreter: Python, torch, torch's CUDA, C++ ABI, and the pieces of torch's extension
+build (include and library folders, nvcc flags, pybind11 ABI defines, the C++ standard).
+
+Asking costs an ``import torch`` (seconds), so the answer is cached by interpreter identity: the stat
+fingerprints of the interpreter binary and of torch's version.py. A no-op realize never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from hermetic import fs
+from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.root import Root
+
+FACTS_VERSION = 3
+
+# Runs inside the host interpreter. It reads torch's own build helpers, so hermetic builds with exactly the
+# flags torch.utils.cpp_extension would use for this torch (its private helpers are read defensively).
+_PROBE = r"""
+import inspect, json, os, platform, re, sys, sysconfig
+out = {"python": platform.python_version(), "implementation": sys.implementation.name,
+       "executable": sys.executable, "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+       "python_include": sysconfig.get_path("include", scheme="posix_prefix"), "machine": platform.machine(),
+       "soabi": sysconfig.get_config_var("SOABI"), "torch": None}
+try:
+    import torch
+    import torch.utils.cpp_extension as ce
+except ImportError as e:
+    out["torch_error"] = str(e)
+else:
+    src = inspect.getsource(ce._write_ninja_file_to_build_library)
+    std = re.findall(r"-std=(c\+\+\d+)", src)
+    cuda = torch.version.cuda
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    nv_inc = os.path.join(site, "nvidia", "cu" + cuda.split(".")[0], "include") if cuda else None
+    out["torch"] = {
+        "version": torch.__version__, "cuda": cuda, "dir": os.path.dirname(torch.__file__),
+        "version_file": os.path.realpath(torch.version.__file__),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+        "include": ce.include_paths("cpu"), "lib": ce.library_paths("cpu")[0],
+        "common_nvcc_flags": list(ce.COMMON_NVCC_FLAGS),
+        # the ABI defines torch adds to every command, where this torch version's ninja writer adds them
+        "common_extra": (list(ce._get_pybind11_abi_build_flags())
+                         if "_get_pybind11_abi_build_flags" in src else [])
+                        + (list(ce._get_glibcxx_abi_build_flags())
+                           if "_get_glibcxx_abi_build_flags" in src else []),
+        "std": std[0] if std else "c++17",
+        "nvidia_include": nv_inc if nv_inc and os.path.isdir(nv_inc) else None,
+        "cxx": ce.get_cxx_compiler(),
+    }
+print("hermetic-probe-result: " + json.dumps(out))
+"""
+
+
+def host_python(python: str | None) -> Path:
+    if python is None:
+        return Path(sys.executable)
+    found = shutil.which(python)
+    if not found:
+        raise BadInput(f"host interpreter {python!r} not found", where="recipe.python",
+                       hint="give a path or a command on PATH, e.g. python = \"/usr/bin/python3.12\"")
+    return Path(found)
+
+
+def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, Any]:
+    """The host interpreter's facts, from the cache when neither the interpreter nor torch changed."""
+    # not resolved: a venv's python is a symlink, and resolving it would lose the venv's site-packages
+    exe = Path(os.path.abspath(host_python(python)))
+    cache = root.state / "interpreters" / (fs.sha256_bytes(str(exe).encode())[:24] + ".json")
+    try:
+        cached = json.loads(cache.read_text())
+        torch_facts = cached["facts"]["torch"]
+        key = _identity(exe, torch_facts["version_file"] if torch_facts else None)
+        if cached["version"] == FACTS_VERSION and cached["key"] == key:
+            return _checked(cached["facts"], exe, need_torch)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    env = root.child_env()
+    # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
+    env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
+               CUDA_VISIBLE_DEVICES="", PYTHONNOUSERSITE="1")
+    from hermetic.procs import run_probe  # in a session of its own: it dies with hermetic, like a compiler
+    found, output = run_probe([str(exe), "-c", _PROBE], env=env, cwd=str(root.tmp))
+    if found is None:
+        raise PreconditionFailed(f"the host interpreter {exe} could not be qualified:\n{output[-2000:]}",
+                                 hint="check that it starts and that torch imports in it")
+    facts: dict[str, Any] = found
+    t = facts["torch"]
+    record = {"version": FACTS_VERSION, "key": _identity(exe, t["version_file"] if t else None), "facts": facts}
+    fs.atomic_write(cache, fs.pretty_json(record), durable=False)
+    return _checked(facts, exe, need_torch)
+
+
+def _identity(exe: Path, torch_version_file: str | None) -> list[Any]:
+    fps = [list(fs.fingerprint(exe) or [])]
+    if torch_version_file:
+        fps.append(list(fs.fingerprint(torch_version_file) or []))
+    return fps
+
+
+def _checked(facts: dict[str, Any], exe: Path, need_torch: bool) -> dict[str, Any]:
+    if need_torch and facts.get("torch") is None:
+        raise PreconditionFailed(f"torch does not import in the host interpreter {exe}: "
+                                 f"{facts.get('torch_error', 'not installed')}",
+                                 hint=f"install torch there ({exe} -m pip install torch), or set recipe.python")
+    return facts
+
+
+def host_identity(facts: dict[str, Any]) -> dict[str, Any]:
+    """What a built module depends on: a module built for another interpreter or torch is never reused."""
+    t = facts.get("torch") or {}
+    return {"python": facts["python"], "implementation": facts["implementation"], "soabi": facts.get("soabi"),
+            "machine": facts["machine"], "torch": t.get("version"), "torch_cuda": t.get("cuda"),
+            "cxx11_abi": t.get("cxx11_abi")}

@@ -1,0 +1,159 @@
+"""Compile and link commands, exactly as torch.utils.cpp_extension would write them.
+
+Pure functions of the host's facts (hermetic.build.host reads torch's own flag helpers), the toolchain and
+the extension: tests compare them with the build.ninja torch itself writes. Differences, all deliberate:
+objects are named after their path in the source tree (torch uses the basename, so two sources with one
+name collide), compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``, and nvcc gets
+``-Xcudafe --orig_src_path_name=SOURCE`` (see module_id_flags).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from hermetic.recipe import Extension, Variant
+
+CUDA_SUFFIXES = (".cu", ".cuh")
+SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu")
+
+
+@dataclass(frozen=True)
+class Compile:
+    source: str               # absolute path, through the recipe's stable source link
+    rel: str                  # the source's path in its tree
+    object: str               # absolute path in the build folder
+    cuda: bool
+    argv: tuple[str, ...]     # the command, without the dependency-file flags
+    depfile: str
+
+    def command(self) -> list[str]:
+        """What runs: the compiler with -MD -MF DEPFILE inserted as torch's rules do."""
+        return [self.argv[0], "-MD", "-MF", self.depfile, *self.argv[1:]]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    module: str
+    compiles: tuple[Compile, ...]
+    link_argv: tuple[str, ...]     # objects in source order, then ldflags, -o output
+    output: str
+    with_cuda: bool
+
+
+def select_sources(files: list[str], patterns: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
+    """Source files of the tree matching the globs (``**`` spans folders) minus the excludes, sorted."""
+    inc = [_glob_re(p) for p in patterns]
+    exc = [_glob_re(p) for p in exclude]
+    return sorted(f for f in files if f.endswith(SOURCE_SUFFIXES)
+                  and any(r.fullmatch(f) for r in inc) and not any(r.fullmatch(f) for r in exc))
+
+
+def _glob_re(pattern: str) -> re.Pattern[str]:
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out += r"(?:[^/]+/)*"
+            i += 3
+        elif pattern.startswith("**", i):
+            out += r".*"
+            i += 2
+        elif pattern[i] == "*":
+            out += r"[^/]*"
+            i += 1
+        elif pattern[i] == "?":
+            out += r"[^/]"
+            i += 1
+        else:
+            out += re.escape(pattern[i])
+            i += 1
+    return re.compile(out)
+
+
+def arch_flags(archs: tuple[str, ...], extra_cuda_cflags: list[str]) -> list[str]:
+    """torch's _get_cuda_arch_flags for an explicit TORCH_CUDA_ARCH_LIST: sorted, de-duplicated."""
+    if any("arch" in f for f in extra_cuda_cflags if "TORCH_EXTENSION_NAME" not in f):
+        return []  # torch leaves the architectures to the user's own flags
+    flags = set()
+    for arch in archs:
+        version = arch.split("+")[0]
+        major, minor = version.split(".")
+        num = f"{major}{minor}"
+        flags.add(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            flags.add(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return sorted(flags)
+
+
+def module_id_flags(source: str) -> list[str]:
+    """nvcc's cudafe++ names a unit's module (its internal-linkage symbols, _INTERNAL_<hash>_..., and the
+    fatbin's module id) after a hash of the source's *resolved* path. hermetic compiles through
+    build/<recipe>/src/<source>, a link to a store tree whose path changes with any change of the tree, so
+    without this an object reused from an earlier tree differs from a fresh compile in those names. Giving
+    cudafe++ the path as written makes the object a function of the command and the inputs the key covers.
+    (-Xcudafe splits its value at commas: a path holding one, or a space or quote, keeps nvcc's choice.)"""
+    return [] if any(c in source for c in ", \t'\"") else ["-Xcudafe", f"--orig_src_path_name={source}"]
+
+
+def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda_home: Path | None,
+                   archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
+                   cxx: str = "c++") -> BuildPlan:
+    """The commands torch's JIT build would run for this extension and variant."""
+    torch: dict[str, Any] = facts["torch"]
+    module = variant.module or ext.name
+    rels = select_sources(tree_files, ext.sources, ext.exclude)
+    if not rels:
+        from hermetic.errors import BadInput
+        raise BadInput(f"extension {ext.name} matches no source file", hint=f"check sources = {list(ext.sources)}")
+    with_cuda = any(r.endswith(CUDA_SUFFIXES) for r in rels)
+    defines = [f"-D{k}={v}" for k, v in (*ext.defines, *variant.defines)]
+    extra_cflags = [*ext.cflags, *variant.cflags, *defines]
+    extra_cuda_cflags = [*ext.cuda_cflags, *variant.cuda_cflags, *defines]
+
+    user_includes = [str(src_root / d) if d not in ("", ".") else str(src_root) for d in ext.include_dirs]
+    system_includes = list(torch["include"])
+    if with_cuda:
+        assert cuda_home is not None
+        system_includes.append(str(cuda_home / "include"))
+        if torch.get("nvidia_include"):
+            # cusparse.h, cublas_v2.h...: torch's headers include them; they come from the host's own nvidia
+            # wheels (the libraries torch runs with), in the place torch gives CUDA_INC_PATH
+            system_includes.append(torch["nvidia_include"])
+    system_includes.append(facts["python_include"])
+
+    common = [f"-DTORCH_EXTENSION_NAME={module}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+              *torch.get("common_extra", []), *(f"-I{i}" for i in user_includes)]
+    for inc in system_includes:
+        common += ["-isystem", inc]
+    std = f"-std={torch['std']}"
+    cflags = [*common, "-fPIC", std, *extra_cflags]
+    cuda_flags = [*common, *torch["common_nvcc_flags"], *arch_flags(archs, extra_cuda_cflags),
+                  "--compiler-options", "-fPIC", *extra_cuda_cflags]
+    if not any(f.startswith("-std=") for f in cuda_flags):
+        cuda_flags.append(std)
+
+    compiles = []
+    for rel in rels:
+        cuda = rel.endswith(CUDA_SUFFIXES)
+        obj = str(build_dir / "obj" / (str(PurePosixPath(rel).with_suffix("")) + (".cuda.o" if cuda else ".o")))
+        src = str(src_root / rel)
+        compiler = [str(cuda_home / "bin" / "nvcc")] if cuda and cuda_home else [cxx]
+        flags = [*cuda_flags, *module_id_flags(src)] if cuda else cflags
+        compiles.append(Compile(src, rel, obj, cuda, (*compiler, *flags, "-c", src, "-o", obj), obj + ".d"))
+
+    ldflags = ["-shared", *ext.ldflags, f"-L{torch['lib']}", "-lc10"]
+    if with_cuda:
+        ldflags.append("-lc10_cuda")
+    ldflags.append("-ltorch_cpu")
+    if with_cuda:
+        ldflags.append("-ltorch_cuda")
+    ldflags += ["-ltorch", "-ltorch_python"]
+    if with_cuda:
+        assert cuda_home is not None
+        ldflags += [f"-L{cuda_home / 'lib64'}", "-lcudart"]
+    output = str(build_dir / f"{module}{facts['ext_suffix']}")
+    link = (cxx, *(c.object for c in compiles), *ldflags, "-o", output)
+    return BuildPlan(module, tuple(compiles), link, output, with_cuda)

@@ -1,0 +1,275 @@
+"""Source trees: a folder of the repository, or a wheel or sdist pinned by sha256, with patches applied.
+
+A source tree is a store entry named by its *inputs* (the archive's sha256 or the folder's file map, the
+subdir, the patches' bytes), laid out like any tree as read-only links to blobs. Builds see it through a
+stable path, ``build/<recipe>/src/<source>``, so compile commands and the paths compiled into objects are
+the same for every variant of a recipe (PRODUCT.md: absolute paths inside objects are handled deliberately).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hermetic import fs
+from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.locks.types import LockedWheel
+from hermetic.recipe import Source
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+from hermetic.store import Staging, Store, entry_name
+from hermetic.store.trees import FileMap, check_relpath
+
+if TYPE_CHECKING:
+    from hermetic.build.share import ObjectShare
+
+SOURCE_VERSION = 1
+MAX_SOURCE_BYTES = 4 << 30   # a decompression bomb stops here, not at a full disk
+MAX_SOURCE_FILES = 200_000
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    entry: str
+    files: FileMap
+
+    def out(self, store: Store) -> Path:
+        return store.entry_path(self.entry) / "out"
+
+
+def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, ...],
+                   reporter: Reporter, share: ObjectShare | None = None) -> SourceTree:
+    origin = _folder_key(src.path) if src.path is not None else src.sha256
+    assert origin is not None
+    key = fs.sha256_bytes(fs.canonical_json({
+        "v": SOURCE_VERSION, "origin": origin, "subdir": src.subdir,
+        "patches": [fs.sha256_file(p)[0] for p in patches]}))
+    name = entry_name(key, f"src-{src.name}")
+    with store.build_entry(name) as staging:
+        if staging is None:
+            return _load(store, name)
+        staging.out.mkdir()
+        if src.path is not None:
+            _copy_folder(src.path, staging.out)
+        else:
+            fresh = not store.has_blob(src.sha256 or "")
+            archive = _fetch_archive(store, src, reporter, share)
+            try:
+                _extract(archive, src, staging.out)
+            except BadInput:
+                if fresh:  # a hostile archive fetched just now does not stay in the store
+                    archive.unlink(missing_ok=True)
+                raise
+        for patch in patches:
+            apply_patch(patch, staging.out)
+        files = _ingest(store, staging)
+        staging.meta.update({"kind": "tree", "label": f"src-{src.name}", "files": files, "links": {},
+                             "refs": [] if src.path is not None else [f"blob:{src.sha256}"],
+                             "source": {"name": src.name, "origin": origin, "subdir": src.subdir,
+                                        "patches": [str(p) for p in patches]}})
+        reporter.event("source", f"prepared source {src.name} ({len(files)} files"
+                                 + (f", {len(patches)} patches" if patches else "") + ")", source=src.name)
+    return _load(store, name)
+
+
+def _load(store: Store, name: str) -> SourceTree:
+    meta = store.entry_meta(name)
+    return SourceTree(name, {p: (d, bool(x)) for p, (d, x) in meta["files"].items()})
+
+
+def link_stable(root: Root, recipe: str, source: str, store: Store, tree: SourceTree) -> Path:
+    """Point ``build/<recipe>/src/<source>`` at a source tree (callers hold the recipe's build lock)."""
+    link = root.path / "build" / recipe / "src" / source
+    fs.atomic_symlink(os.path.relpath(tree.out(store), link.parent), link)
+    return link
+
+
+def _folder_key(folder: Path) -> str:
+    entries = []
+    for dirpath, dirnames, files in os.walk(folder):
+        dirnames.sort()
+        for f in sorted(files) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            p = Path(dirpath) / f
+            if p.is_symlink():
+                raise BadInput(f"source folder holds a symlink: {p} -> {os.readlink(p)}", where=str(p),
+                               hint="sources must be regular files and folders: copy what it points at instead")
+            entries.append([p.relative_to(folder).as_posix(), fs.sha256_file(p)[0], os.access(p, os.X_OK)])
+    return fs.sha256_bytes(fs.canonical_json(entries))
+
+
+def _copy_folder(folder: Path, out: Path) -> None:
+    for dirpath, _dirnames, files in os.walk(folder):
+        rel = Path(dirpath).relative_to(folder)
+        (out / rel).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(Path(dirpath) / f, out / rel / f)
+
+
+def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: ObjectShare | None) -> Path:
+    assert src.sha256 is not None
+    store.temproots.add(f"blob:{src.sha256}")
+    if store.use_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
+        return store.blob_path(src.sha256)
+    from hermetic.fetch.download import Fetcher
+    from hermetic.fetch.pipconfig import load_pip_config
+    if src.wheel:
+        name, _, version = src.wheel.partition("==")
+        locked = LockedWheel(name.lower().replace("_", "-"), version, (src.sha256,), None, None, None, None,
+                             src.where)
+    else:
+        url = src.url or ""
+        local = Path(url[len("file://"):]) if url.startswith("file://") else None
+        locked = LockedWheel(src.name, None, (src.sha256,), url.rsplit("/", 1)[-1], None if local else url,
+                             local, None, src.where)
+    with Fetcher(load_pip_config(), store.tmp, reporter) as fetcher:
+        got = fetcher.fetch(locked)
+    blob = store.put_blob_file(got.path, got.sha256)
+    if share is not None:
+        share.upload_blob(got.sha256)
+    return blob
+
+
+def _extract(archive: Path, src: Source, out: Path) -> None:
+    """The archive's ``subdir`` into ``out``: regular files only, every path checked, size bounded."""
+    try:
+        count = _extract_members(archive, src, out)
+    except (zipfile.BadZipFile, zlib.error, EOFError, gzip.BadGzipFile) as e:
+        raise BadInput(f"source archive is damaged: {e}", where=src.where,
+                       hint="the archive is damaged or hostile; check the pinned sha256 and where it comes from") \
+            from None
+    if count == 0:
+        raise BadInput(f"source archive has no files under {src.subdir or '/'}", where=src.where,
+                       hint="check subdir")
+
+
+def _extract_members(archive: Path, src: Source, out: Path) -> int:
+    prefix = f"{src.subdir}/" if src.subdir else ""
+    total = count = 0
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            for info in zf.infolist():
+                if info.is_dir() or not info.filename.startswith(prefix):
+                    continue
+                rel = info.filename[len(prefix):]
+                _check_member(rel, src)
+                if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                    raise BadInput(f"source archive member {info.filename} is a symlink", where=src.where,
+                                   hint="the archive is hostile or damaged")
+                total, count = _account(total + info.file_size, count + 1, src)
+                dst = out / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as fin, open(dst, "wb") as fout:
+                    _bounded_copy(fin, fout, info.file_size, src)
+                if (info.external_attr >> 16) & 0o111:
+                    os.chmod(dst, 0o755)
+    else:
+        try:
+            with tarfile.open(archive) as tf:
+                for member in tf:
+                    full = member.name.removeprefix("./").rstrip("/")
+                    if full not in ("", "."):
+                        _check_member(full, src)  # the whole name, before the top folder is cut off
+                    name = member.name.split("/", 1)[1] if "/" in member.name else ""  # sdists: one top folder
+                    if member.isdir() or not name.startswith(prefix):
+                        continue
+                    rel = name[len(prefix):]
+                    _check_member(rel, src)
+                    if not member.isfile():
+                        raise BadInput(f"source archive member {member.name} is not a regular file",
+                                       where=src.where, hint="the archive is hostile or damaged")
+                    total, count = _account(total + member.size, count + 1, src)
+                    dst = out / rel
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    member_file = tf.extractfile(member)
+                    assert member_file is not None
+                    with open(dst, "wb") as fout:
+                        _bounded_copy(member_file, fout, member.size, src)
+                    if member.mode & 0o111:
+                        os.chmod(dst, 0o755)
+        except tarfile.TarError as e:
+            raise BadInput(f"source archive is neither a zip nor a tar: {e}", where=src.where,
+                           hint="give a wheel (.whl) or an sdist (.tar.gz)") from None
+    return count
+
+
+def _check_member(rel: str, src: Source) -> None:
+    try:
+        check_relpath(rel)
+    except ValueError:
+        raise BadInput(f"source archive member {rel!r} leaves the tree", where=src.where,
+                       hint="the archive is hostile or damaged") from None
+
+
+def _account(total: int, count: int, src: Source) -> tuple[int, int]:
+    if total > MAX_SOURCE_BYTES or count > MAX_SOURCE_FILES:
+        raise BadInput(f"source archive unpacks to more than {MAX_SOURCE_BYTES >> 30} GiB or "
+                       f"{MAX_SOURCE_FILES} files", where=src.where, hint="a decompression bomb? check the pin")
+    return total, count
+
+
+def _bounded_copy(fin: object, fout: object, declared: int, src: Source) -> None:
+    written = 0
+    while chunk := fin.read(fs.CHUNK):  # type: ignore[attr-defined]
+        written += len(chunk)
+        if written > declared:
+            raise BadInput("source archive member is larger than its header says", where=src.where,
+                           hint="the archive is hostile or damaged")
+        fout.write(chunk)  # type: ignore[attr-defined]
+
+
+_PATCH_PATH = re.compile(r"^(?:---|\+\+\+) (\S+)")
+
+
+def apply_patch(patch: Path, tree: Path) -> None:
+    """Apply a unified diff with GNU patch (-p1), after checking that it only touches files in the tree."""
+    text = patch.read_text(errors="replace")
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _PATCH_PATH.match(line)
+        if not m or m.group(1) == "/dev/null":
+            continue
+        parts = m.group(1).split("/", 1)
+        rel = parts[1] if len(parts) == 2 and parts[0] else ""  # an absolute path is never in the tree
+        try:
+            check_relpath(rel)
+        except ValueError:
+            raise BadInput(f"the patch touches {m.group(1)!r}, outside the source tree",
+                           where=f"{patch}:{lineno}", hint="patch paths are a/<path> and b/<path> inside the "
+                                                           "source tree (applied with -p1)") from None
+    if shutil.which("patch") is None:
+        raise PreconditionFailed("GNU patch is not installed", hint="apt-get install patch")
+    for dry in (True, False):
+        args = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--reject-file=-",
+                "-d", str(tree), "-i", str(patch)] + (["--dry-run"] if dry else [])
+        p = subprocess.run(args, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise BadInput(f"the patch does not apply:\n{(p.stdout + p.stderr).strip()[-1500:]}",
+                           where=str(patch), hint="regenerate it against the pinned source")
+
+
+def _ingest(store: Store, staging: Staging) -> FileMap:
+    """Turn the staged files into blobs and hard links to them (the tree's files are the store's)."""
+    files: FileMap = {}
+    for dirpath, _dirnames, names in os.walk(staging.out):
+        for n in names:
+            p = Path(dirpath) / n
+            rel = p.relative_to(staging.out).as_posix()
+            executable = os.access(p, os.X_OK)
+            digest, _size = fs.sha256_file(p)
+            blob = store.blob_path(digest, executable)
+            if blob.exists():
+                p.unlink()
+            else:
+                blob.parent.mkdir(exist_ok=True)
+                store.put_blob_file(p, digest, executable)
+            fs.link_or_copy(blob, p)
+            files[rel] = (digest, executable)
+    return dict(sorted(files.items()))

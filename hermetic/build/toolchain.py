@@ -1,0 +1,122 @@
+"""The CUDA toolchain assembled from the nvidia compiler wheels.
+
+The wheels unpack to ``nvidia/cu<major>/`` with nvcc, the crt and cccl headers and a versioned
+``libcudart.so.<major>``. nvcc's profile searches ``lib64`` and torch links ``-lcudart``, so the tree gets
+``lib64 -> lib`` and ``lib/libcudart.so -> libcudart.so.<major>`` (toolchain-measurements.md, section 2).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hermetic import fs
+from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.recipe import Toolchain
+from hermetic.root import Root
+from hermetic.store.trees import FileMap
+
+
+def cuda_home_rel(toolchain: Toolchain) -> str:
+    return f"nvidia/cu{toolchain.cuda.split('.')[0]}"
+
+
+def toolchain_links(toolchain: Toolchain, files: FileMap) -> dict[str, str]:
+    home = cuda_home_rel(toolchain)
+    major = toolchain.cuda.split(".")[0]
+    if f"{home}/bin/nvcc" not in files:
+        raise BadInput(f"the toolchain's locks provide no {home}/bin/nvcc",
+                       hint=f"lock nvidia-cuda-nvcc, nvidia-nvvm, nvidia-cuda-crt, nvidia-cuda-cccl and "
+                            f"nvidia-cuda-runtime of CUDA {toolchain.cuda}")
+    links = {f"{home}/lib64": "lib"}
+    if f"{home}/lib/libcudart.so.{major}" in files:
+        links[f"{home}/lib/libcudart.so"] = f"libcudart.so.{major}"
+    return links
+
+
+# --- what the toolchain is, and whether it matches torch ------------------------------------------
+@dataclass(frozen=True)
+class ToolchainInfo:
+    cuda_home: Path          # through the stable profile path, so commands do not change with the tree
+    nvcc_version: str        # "13.0.88"
+    cudart_version: str      # "13.0", from CUDART_VERSION in the headers
+    entry: str               # the tree entry: content-addressed, so it identifies every toolchain byte
+
+    @property
+    def nvcc(self) -> Path:
+        return self.cuda_home / "bin" / "nvcc"
+
+    @property
+    def release(self) -> str:
+        return ".".join(self.nvcc_version.split(".")[:2])
+
+
+def inspect_toolchain(root: Root, profile: Path, toolchain: Toolchain, entry: str) -> ToolchainInfo:
+    cuda_home = profile / cuda_home_rel(toolchain)
+    nvcc_version = _cached_output(root, cuda_home / "bin" / "nvcc", ["--version"], _parse_nvcc_version)
+    header = cuda_home / "include" / "cuda_runtime_api.h"
+    try:
+        m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", header.read_text(errors="replace"))
+    except OSError:
+        m = None
+    if m is None:
+        raise BadInput(f"no CUDART_VERSION in {header}", hint="lock nvidia-cuda-runtime in the toolchain lock")
+    v = int(m.group(1))
+    return ToolchainInfo(cuda_home, nvcc_version, f"{v // 1000}.{(v % 1000) // 10}", entry)
+
+
+def check_compatible(info: ToolchainInfo, toolchain: Toolchain, torch_cuda: str | None) -> None:
+    """nvcc's release, the runtime headers' CUDART_VERSION and torch.version.cuda must name one CUDA."""
+    found = {"nvcc": info.release, "CUDART_VERSION (nvidia-cuda-runtime headers)": info.cudart_version,
+             "recipe toolchain.cuda": toolchain.cuda}
+    if torch_cuda is not None:
+        found["torch.version.cuda"] = ".".join(torch_cuda.split(".")[:2])
+    if len(set(found.values())) == 1:
+        return
+    want = found.get("torch.version.cuda", toolchain.cuda)
+    listing = ", ".join(f"{k} {v}" for k, v in found.items())
+    raise PreconditionFailed(
+        f"the CUDA toolchain does not match: {listing} (nvcc {info.nvcc_version})",
+        hint=f"pin every compiler wheel to CUDA {want}: nvidia-cuda-nvcc=={want}.*, nvidia-nvvm=={want}.*, "
+             f"nvidia-cuda-crt=={want}.*, nvidia-cuda-cccl=={want}.*, nvidia-cuda-runtime=={want}.* "
+             f"(manifests/cuda-13.0-toolchain.txt pins a matching CUDA 13.0 set), and toolchain.cuda = \"{want}\"")
+
+
+def _parse_nvcc_version(out: str) -> str:
+    m = re.search(r"release \d+\.\d+, V(\d+\.\d+\.\d+)", out)
+    if not m:
+        raise BadInput(f"cannot read nvcc's version from: {out[-200:]!r}", hint="the nvcc wheel is damaged")
+    return m.group(1)
+
+
+def host_compiler(root: Root, name: str) -> dict[str, str]:
+    """The C++ compiler's identity for object keys: resolved path, version, and hashes of the driver and
+    of cc1plus (the driver alone does not identify the compiler)."""
+    path = shutil.which(name, path="/usr/bin:/bin")
+    if path is None:
+        raise PreconditionFailed(f"no C++ compiler {name!r} in /usr/bin", hint="install g++ (apt-get install g++)")
+    real = Path(path).resolve()
+    version = _cached_output(root, real, ["-dumpfullversion"], str.strip)
+    cc1plus = Path(_cached_output(root, real, ["-print-prog-name=cc1plus"], str.strip)).resolve()
+    return {"path": str(real), "version": version, "sha256": _cached_hash(root, real),
+            "cc1plus": str(cc1plus), "cc1plus_sha256": _cached_hash(root, cc1plus) if cc1plus.is_file() else ""}
+
+
+def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str], str]) -> str:
+    """A tool's answer, cached by the tool's stat fingerprint (running nvcc costs ~50 ms)."""
+    def run() -> str:
+        import subprocess  # only when a tool's answer is not cached: a no-op never runs one
+        try:
+            p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
+                               env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)})
+        except OSError as e:
+            raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", hint="check the toolchain") from None
+        return parse(p.stdout + p.stderr)
+    return fs.cached_by_fingerprint(root.state / "tools", exe, f"output {args}", run)
+
+
+def _cached_hash(root: Root, path: Path) -> str:
+    return fs.cached_by_fingerprint(root.state / "tools", path, "sha256", lambda: fs.sha256_file(path)[0])

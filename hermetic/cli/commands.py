@@ -1,0 +1,216 @@
+"""One function per CLI command: parse nothing, print through the reporter, return the exit code; ``COMMANDS``
+maps each command's name to its function. The pipelines are imported inside the functions, so a command
+pays only for what it runs (a no-op realize imports neither the build nor requests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hermetic.errors import BadInput
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+from hermetic.store import Store
+from hermetic.urls import remote_in_environment
+
+if TYPE_CHECKING:
+    from hermetic.remote.settings import RemoteOptions
+
+
+def _remote(args: argparse.Namespace) -> RemoteOptions | None:
+    """The command line's remote cache options, checked now (bad input even when nothing else changed);
+    None when neither the command line nor the environment names one (a recipe's [remote] still may)."""
+    if args.remote_cache is None and args.remote_cache_mode is None and not remote_in_environment():
+        return None
+    from hermetic.remote.settings import RemoteOptions, resolve_settings
+    options = RemoteOptions(args.remote_cache, args.remote_cache_mode)
+    resolve_settings(options, os.environ)
+    return options
+
+
+def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.realize.noop import noop_check
+    remote = _remote(args)
+    outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
+    if outcome is None:  # only now pay for importing the pipeline
+        from hermetic.realize.pipeline import realize
+        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote)
+    c = outcome.counts
+    verb = "realized" if outcome.changed else "up to date:"
+    objects = (f"; objects: {c.get('objects_compiled', 0)} compiled, {c.get('objects_reused', 0)} reused, "
+               f"{c.get('objects_reused-variant', 0)} reused across variants"
+               + (f", {c['objects_fetched-remote']} from the remote cache" if c.get("objects_fetched-remote") else "")
+               ) if "objects_objects" in c else ""
+    reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} "
+                           f"({c['wheels']} wheels: {c['fetched']} fetched, {c['unpacked']} unpacked, "
+                           f"{c['reused']} reused{objects}; {c['files']} files; "
+                           f"{outcome.timings.get('total', 0):.2f} s)")
+    reporter.result("realize", True, 0, recipe=outcome.name, profile=str(outcome.profile),
+                    tree=outcome.tree, changed=outcome.changed, counts=c, timings=outcome.timings,
+                    receipt=str(outcome.receipt) if outcome.receipt else None)
+    return 0
+
+
+def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.store import gc
+    if args.all:
+        if args.dry_run:
+            reporter.event("gc", f"would remove the whole scratch root {root.path}")
+            reporter.result("gc", True, 0, all=True, dry_run=True, root=str(root.path))
+            return 0
+        freed = gc.remove_all(root)
+        reporter.event("gc", f"removed {root.path} ({freed} bytes freed)")
+        reporter.result("gc", True, 0, all=True, freed_bytes=freed)
+        return 0
+    p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
+    verb = "would delete" if args.dry_run else "deleted"
+    for name in p.dead_entries:
+        reporter.event("gc-entry", f"{verb} entry {name}", entry=name)
+    reporter.event("gc", f"{verb} {len(p.dead_entries)} entries and {len(p.dead_blobs)} blobs; "
+                         f"{freed} bytes {'would be ' if args.dry_run else ''}freed; "
+                         f"{len(p.live_entries)} entries live")
+    reporter.result("gc", True, 0, dry_run=args.dry_run, dead_entries=p.dead_entries,
+                    dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries))
+    return 0
+
+
+def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.store.verify import drop_corrupt, verify
+    store = Store(root.store)
+    if not store.exists():
+        reporter.event("verify", f"no store at {root.store}: nothing to verify")
+        reporter.result("verify", True, 0, blobs=0, entries=0, problems=[])
+        return 0
+    store.open()
+    report = verify(store, root)
+    for p in report.problems:
+        reporter.event("problem", f"{p.kind} {p.name}: {p.what}", kind=p.kind, name=p.name, what=p.what)
+    if report.problems and args.repair:
+        removed = drop_corrupt(store, report.problems)
+        reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
+        _realize_roots(root, reporter, _remote(args))
+        report = verify(store, root)
+    rebuilt = []
+    if args.rebuild_sample > 0:
+        from hermetic.build.rebuild import rebuild_sample
+        rebuilt = rebuild_sample(root, store, args.rebuild_sample)
+        for r in rebuilt:
+            reporter.event("rebuild", f"{r.outcome}: {r.source} ({r.entry})" + (f": {r.detail}" if r.detail else ""),
+                           entry=r.entry, source=r.source, outcome=r.outcome, detail=r.detail)
+    mismatches = [r for r in rebuilt if r.outcome == "mismatch"]
+    ok = not report.problems and not mismatches
+    reporter.event("verify", f"{report.blobs} blobs ({report.bytes} bytes), {report.entries} entries: "
+                             + ("all valid" if not report.problems else f"{len(report.problems)} problems")
+                             + (f"; rebuilt {len(rebuilt)} objects: {len(mismatches)} mismatches" if rebuilt else ""))
+    reporter.result("verify", ok, 0 if ok else 1, blobs=report.blobs, entries=report.entries,
+                    problems=[p.__dict__ for p in report.problems],
+                    rebuilt=[r.__dict__ for r in rebuilt])
+    return 0 if ok else 1
+
+
+def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None) -> None:
+    from hermetic.realize.pipeline import realize
+    for p in sorted(root.roots.glob("*.json")):
+        recipe = Path(json.loads(p.read_text()).get("recipe", ""))
+        if recipe.is_file():
+            realize(root, recipe, reporter, remote=remote)
+        else:
+            reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
+
+
+def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    store = Store(root.store)
+    info: dict[str, object] = {"root": str(root.path), "store": store.exists()}
+    if store.exists():
+        entries = store.iter_entries()
+        blobs = list(store.iter_blobs())
+        size = sum(os.lstat(b).st_size for _d, _x, b in blobs)
+        roots = sorted(p.stem for p in root.roots.glob("*.json"))
+        receipts = sorted(root.receipts.glob("*.json"))[-5:]
+        profiles = {p.name: os.readlink(p) for p in sorted(root.profiles.iterdir()) if p.is_symlink()}
+        info.update(entries=len(entries), blobs=len(blobs), blob_bytes=size, roots=roots,
+                    profiles=profiles, last_receipts=[str(r) for r in receipts])
+        reporter.event("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
+                               f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}\n"
+                               + "".join(f"  profile {k} -> {v}\n" for k, v in profiles.items())
+                               + "".join(f"  receipt {r.name}\n" for r in receipts))
+    else:
+        reporter.event("show", f"scratch root {root.path}: no store yet")
+    reporter.result("show", True, 0, **info)
+    return 0
+
+
+def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.realize.env import realized_env
+    env, facts = realized_env(root, args.recipe)
+    cmd = list(args.cmd)
+    if cmd:
+        sys.stdout.flush()
+        try:
+            os.execvpe(cmd[0], cmd, env)
+        except OSError as e:
+            raise BadInput(f"cannot run {cmd[0]}: {e.strerror}", where="hermetic env",
+                           hint="the command is looked up on the realized PATH") from None
+    if reporter.json_mode:
+        for k, v in facts.items():
+            reporter.event("env", "", name=k, value=v)
+    else:  # shell syntax on stdout: eval "$(hermetic env RECIPE)"
+        for k, v in facts.items():
+            print(f"export {k}={_shell_quote(v)}")
+    reporter.result("env", True, 0, env=facts)
+    return 0
+
+
+def _shell_quote(v: str) -> str:
+    import shlex
+    return shlex.quote(v)
+
+
+def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.store.archive import export_closure
+    stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level)
+    reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "
+                             f"{stats['bytes']} bytes -> {stats['archive_bytes']} compressed")
+    reporter.result("export", True, 0, archive=str(args.archive), **stats)
+    return 0
+
+
+def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.build.host import host_identity, qualify
+    from hermetic.store.archive import import_closure
+    stats = import_closure(root, args.archive, reporter=reporter,
+                           host=lambda: host_identity(qualify(root, None, need_torch=False)))
+    reporter.event("import", f"imported {stats['entries']} entries and {stats['blobs']} blobs "
+                             f"({stats['new_blobs']} new) from {args.archive}")
+    reporter.result("import", True, 0, archive=str(args.archive), **stats)
+    return 0
+
+
+def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.run.pipeline import run
+    out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
+              repetitions=args.repetitions,
+              power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
+              record_digests=args.record_digests, remote=_remote(args))
+    body = out.summary
+    if out.exit_code:
+        reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "
+                                     f"results in {out.run_dir}, receipt {out.receipt}")
+    else:
+        reporter.event("done", f"run {out.name}: checks passed; report {out.run_dir / 'report.md'}; "
+                               f"receipt {out.receipt}")
+    reporter.result("run", out.exit_code == 0, out.exit_code, runner=out.name, run_dir=str(out.run_dir),
+                    receipt=str(out.receipt), status=body.get("status"), checks=body.get("checks"),
+                    flags=body.get("flags"), summary=body.get("summary"))
+    return out.exit_code
+
+
+COMMANDS: dict[str, Callable[[Root, argparse.Namespace, Reporter], int]] = {
+    "realize": cmd_realize, "gc": cmd_gc, "verify": cmd_verify, "show": cmd_show, "env": cmd_env,
+    "export": cmd_export, "import": cmd_import, "run": cmd_run,
+}

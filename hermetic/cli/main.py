@@ -1,0 +1,78 @@
+"""``hermetic``: parse the command line, run one command from the table, map every error to its exit code
+in one place (PRODUCT.md's table)."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import sys
+from collections.abc import Sequence
+
+from hermetic.cli.commands import COMMANDS
+from hermetic.cli.parser import build_parser
+from hermetic.errors import HermeticError, WorkFailed
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    # SIGTERM's default kills Python without running `finally`: raise instead, so builds stop cleanly
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _internal(command: str, reporter: Reporter, e: Exception) -> int:
+    """An internal bug: say so plainly, keep the traceback for the report (called inside ``except``)."""
+    print(f"internal error: {type(e).__name__}: {e}\n(this is a bug in hermetic; the traceback "
+          f"follows for the report)", file=sys.stderr)
+    import traceback  # only for bugs: its import costs every command a few ms
+    traceback.print_exc()
+    reporter.result(command, False, 1, error={"kind": "internal", "what": str(e)})
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminate)
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `hermetic env RECIPE -- CMD ...`: everything after the first `--` belongs to the command
+    cmd: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, cmd = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    args.cmd = cmd
+    json_mode = bool(getattr(args, "json", False))
+    reporter = Reporter(json_mode=json_mode)
+    if not args.command:
+        parser.print_help(sys.stderr)
+        return 2
+    command = "show" if args.command == "status" else args.command
+    try:
+        root = Root.locate(getattr(args, "root", None))
+        return COMMANDS[command](root, args, reporter)
+    except HermeticError as e:
+        print(e.render(), file=sys.stderr)
+        reporter.result(command, False, e.exit_code, error=e.as_record())
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        reporter.result(command, False, 130, error={"kind": "interrupted"})
+        return 130
+    except BrokenPipeError:
+        return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return _internal(command, reporter, e)
+        err = WorkFailed(f"no space left on the device while writing {e.filename or 'a file'}"
+                         + (" (the disk quota is full)" if e.errno == errno.EDQUOT else ""),
+                         where=str(e.filename or getattr(args, "root", "") or "the scratch root"),
+                         hint="free space where the scratch root lives (`hermetic gc` deletes what no root needs) "
+                              "or choose another --root; what was half written is garbage `hermetic gc` removes")
+        print(err.render(), file=sys.stderr)
+        reporter.result(command, False, err.exit_code, error=err.as_record())
+        return err.exit_code
+    except Exception as e:
+        return _internal(command, reporter, e)
+    finally:
+        from hermetic.store import release_temproots
+        release_temproots()

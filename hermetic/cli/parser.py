@@ -1,0 +1,108 @@
+"""The command line's grammar: one subparser per command, the options every command shares."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hermetic import __version__
+
+DESCRIPTION = """\
+hermetic: hermetic environments for PyTorch CUDA/C++ extension builds and GPU worker measurement.
+
+Everything it writes goes under one scratch root: --root, else $HERMETIC_ROOT, else ./.hermetic
+Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met.
+"""
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
+                   help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)")
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="JSON Lines on stdout, ending in one result record; progress on stderr")
+    return p
+
+
+def _zstd_level(text: str) -> int:
+    try:
+        level = int(text)
+    except ValueError:
+        level = 0
+    if not 1 <= level <= 22:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a zstd level from 1 to 22")
+    return level
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="hermetic", description=DESCRIPTION, parents=[common],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"hermetic {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("realize", parents=[common], help="fetch, materialize and build a recipe")
+    p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml")
+    p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
+    p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
+    _remote_options(p)
+
+    p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
+    p.add_argument("--all", action="store_true", help="remove the whole scratch root")
+    p.add_argument("--drop-root", action="append", default=[], metavar="NAME",
+                   help="forget the root NAME (and its realize receipts) before collecting")
+
+    p = sub.add_parser("verify", parents=[common], help="re-hash the store and report corruption")
+    p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
+    p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
+                   help="also compile N stored objects again and compare them with the stored ones")
+    _remote_options(p)
+
+    sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
+    sub.add_parser("status", parents=[common], help="same as show")
+
+    p = sub.add_parser("export", parents=[common], help="write the closure of the roots to one archive")
+    p.add_argument("archive", type=Path, help="output file (.tar.zst)")
+    p.add_argument("--name", action="append", default=[], metavar="ROOT",
+                   help="export only these roots (default: all)")
+    p.add_argument("--level", type=_zstd_level, default=19, metavar="N",
+                   help="zstd level, 1-22 (default 19: the CUDA toolchain in 53 MB, about 2 minutes on 2 "
+                        "cores; 10: 67 MB in 7 s)")
+
+    p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
+    p.add_argument("archive", type=Path)
+
+    p = sub.add_parser("env", parents=[common],
+                       help="print a realized recipe's environment, or run a command inside it")
+    p.add_argument("recipe", type=Path)
+    p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
+
+    p = sub.add_parser("run", parents=[common],
+                       help="realize what a runner needs, then measure the worker under locks and limits")
+    p.add_argument("runner", type=Path, help="runner file (TOML), e.g. runner/worker.toml")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                   help="where to measure (default: the GPU when NVML sees one, else the CPU)")
+    p.add_argument("--gpu", type=int, default=0, metavar="N", help="which GPU (NVML index, default 0)")
+    p.add_argument("--peer", type=int, metavar="N",
+                   help="a second GPU for the P2P bandwidth measurement (locked and checked too)")
+    p.add_argument("--repetitions", type=int, metavar="N", help="override the runner's repetitions")
+    p.add_argument("--power-cap", type=float, metavar="W",
+                   help="the power cap the GPU must have (overrides gpu.power_cap_w; never changes the card)")
+    p.add_argument("--lock-timeout", type=float, metavar="S", help="seconds to wait for the device's lock")
+    p.add_argument("--states", type=Path, metavar="FILE",
+                   help="request states to use instead of the runner's (real captures stay where they are)")
+    p.add_argument("--record-digests", action="store_true",
+                   help="write this device class's reference digests (manifests/digests/CLASS.txt)")
+    _remote_options(p)
+    return parser
+
+
+def _remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote-cache", metavar="URL", default=None,
+                   help="share wheels, objects and modules through a Bazel HTTP cache (nginx WebDAV, bazel-remote); "
+                        "default $HERMETIC_REMOTE_CACHE, else the recipe's [remote] url; user:password@ for basic "
+                        "auth, or a bearer token in $HERMETIC_REMOTE_CACHE_TOKEN")
+    p.add_argument("--remote-cache-mode", choices=("off", "ro", "rw"), default=None,
+                   help="ro: read only (default); rw: also upload (trusted builders only); off: ignore the remote "
+                        "(default $HERMETIC_REMOTE_CACHE_MODE, else the recipe's [remote] mode)")

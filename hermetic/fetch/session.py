@@ -1,0 +1,129 @@
+"""HTTP for everything hermetic downloads: one session with pip's network settings, retries with backoff,
+and the error vocabulary the index client, the wheel fetcher and the remote cache share.
+
+``TransientError`` is worth retrying (refused or reset connections, timeouts, 429, 5xx, a truncated body);
+``UnavailableError`` is not (401/403/404, TLS verification, a missing local file). requests is imported only
+inside functions: importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
+
+from hermetic.fetch.pipconfig import PipConfig
+from hermetic.urls import redact_text
+
+if TYPE_CHECKING:
+    import requests
+
+T = TypeVar("T")
+
+
+class TransientError(Exception):
+    """A failure worth retrying: refused or reset connection, timeout, 429, 5xx, truncated body."""
+
+
+class UnavailableError(Exception):
+    """A failure retrying will not fix: 401/403/404, TLS verification, a missing local file."""
+
+
+def with_retries(fn: Callable[[], T], *, retries: int, backoff: float,
+                 on_retry: Callable[[TransientError, int, float], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """``fn()``, retried with exponential backoff on TransientError at most ``retries`` times."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except TransientError as e:
+            if attempt >= retries:
+                raise TransientError(f"{e} (gave up after {attempt + 1} attempts)") from None
+            delay = backoff * (2 ** attempt)
+            attempt += 1
+            if on_retry is not None:
+                on_retry(e, attempt, delay)
+            sleep(delay)
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    import http.client
+
+    import requests
+    import urllib3.exceptions
+    return (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+            requests.exceptions.ContentDecodingError, urllib3.exceptions.ProtocolError,
+            urllib3.exceptions.ReadTimeoutError, http.client.IncompleteRead, ConnectionError, TimeoutError)
+
+
+def describe_error(e: BaseException) -> str:
+    """A short, credential-free reason: requests' messages bury "[Errno 111] Connection refused" deep."""
+    text = redact_text(str(e))
+    m = re.search(r"\[Errno -?\d+\] [^'\")\]]+", text)
+    if m:
+        return m.group(0).strip()
+    m = re.search(r"IncompleteRead\((\d+) bytes read, (\d+) more expected\)", text)
+    if m:
+        return f"truncated download: connection closed after {m.group(1)} bytes, {m.group(2)} more expected"
+    if "timed out" in text.lower():
+        return "timed out"
+    text = text if len(text) <= 300 else text[:300] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def http_get(session: requests.Session, url: str, config: PipConfig, *, stream: bool = False,
+             headers: dict[str, str] | None = None) -> requests.Response:
+    """One GET with pip's network settings; raises TransientError/UnavailableError, returns 2xx-4xx."""
+    import requests
+    import urllib3
+    verify = verify_for(url, config)
+    try:
+        with warnings.catch_warnings():
+            if verify is False:  # the user chose --trusted-host: no warning per request, as in pip
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            resp = session.get(url, headers=headers, stream=stream, timeout=config.timeout, verify=verify)
+    except requests.exceptions.SSLError as e:
+        raise UnavailableError(f"TLS error ({describe_error(e)}); check PIP_CERT or cert in pip.conf") \
+            from None
+    except transient_errors() as e:
+        raise TransientError(describe_error(e)) from None
+    except requests.RequestException as e:
+        raise UnavailableError(describe_error(e)) from None
+    if resp.status_code == 429 or resp.status_code >= 500:
+        resp.close()
+        raise TransientError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
+    return resp
+
+
+def verify_for(url: str, config: PipConfig) -> bool | None:
+    """False for pip's --trusted-host hosts (pip skips TLS verification there); None: the session's."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    hostport = f"{host}:{parts.port}" if parts.port else host
+    return False if (host in config.trusted_hosts or hostport in config.trusted_hosts) else None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("hermetic")
+    except PackageNotFoundError:
+        return "dev"  # running from a source checkout
+
+
+def make_session(config: PipConfig) -> requests.Session:
+    """One session for every request: connection reuse, and pip's certificate and proxy settings."""
+    import requests
+    session = requests.Session()
+    session.headers["User-Agent"] = f"hermetic/{_version()}"
+    session.verify = config.cert or True
+    if config.client_cert:
+        session.cert = config.client_cert
+    if config.proxy:
+        # requests still applies HTTP(S)_PROXY / NO_PROXY from the environment, as pip's session does.
+        session.proxies.update({"http": config.proxy, "https": config.proxy})
+    return session

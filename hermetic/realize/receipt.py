@@ -1,0 +1,57 @@
+"""Step 9 of realize: the receipt (PRODUCT.md's list, stable key order so two receipts diff cleanly)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hermetic import __version__, fs
+from hermetic.locks.types import Lock
+from hermetic.realize.noop import Outcome
+from hermetic.root import Root
+from hermetic.store import Store
+from hermetic.wheels.unpacked import Unpacked
+
+
+def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: list[Unpacked],
+                  report: dict[str, Any]) -> Path:
+    import sys
+    uname = os.uname()  # platform.platform() also reads the interpreter's binary for its libc: too slow here
+    body: dict[str, Any] = {
+        "format": 1, "kind": "realize", "hermetic": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": {"name": outcome.name, "path": str(outcome.recipe_path),
+                   "sha256": fs.sha256_file(outcome.recipe_path)[0]},
+        "locks": [{"path": str(lk.path), "sha256": lk.sha256, "format": lk.format} for lk in locks],
+        "host": {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
+                 "platform": f"{uname.sysname}-{uname.release}-{uname.machine}"},
+        "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
+        "tree": outcome.tree, "profile": str(outcome.profile),
+        "refs": [f"entry:{e}" for e in outcome.entries],
+        "counts": outcome.counts, "timings": outcome.timings, **report,
+    }
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    digest = fs.sha256_bytes(fs.canonical_json(body))[:12]
+    path = root.receipts / f"{outcome.name}-{stamp}-{digest}.json"
+    fs.atomic_write_json(path, body, pretty=True)
+    return path
+
+
+def _receipt_records(receipt: Path, tree: str, store: Store) -> bool:
+    """Whether a receipt describes ``tree``, with its certificates still sound (a corrupt one is not reused
+    as this realize's record: a new receipt names the certificate just written)."""
+    try:
+        body = fs.read_json(receipt)
+        if body.get("tree") != tree:
+            return False
+        return all(fs.sha256_file(store.blob_path(m["certificate_blob"]))[0] == m["certificate_blob"]
+                   for m in body.get("modules", []))
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return False
+
+
+def latest_receipt(root: Root, name: str) -> Path | None:
+    found = sorted(root.receipts.glob(f"{name}-*.json")) if root.receipts.exists() else []
+    return found[-1] if found else None

@@ -1,0 +1,262 @@
+"""What hermetic shares through a remote cache, and how it lies there (docs/remote.md).
+
+* **Wheels and source archives**: ``cas/<sha256>``, the hash the lock or recipe pins. No action entry: the
+  pin is the key.
+* **Objects**: ``ac/<objects_key(lookup)>`` is an ActionResult listing, newest first, the object records
+  compiled under that lookup key (toolchain, command without defines, compiler environment): for each, the
+  record ``<entry>/meta.json`` (the store's meta.json, canonical JSON) and the object ``<entry>/object``. A
+  reader checks each record's inputs against its own files exactly as a local lookup does (every input
+  hash equal; defines equal or waivable), then fetches only the object it will use. Adding a record is a
+  read-modify-write of the list: two writers at once may drop one record, which costs a later miss, never
+  a wrong object.
+* **Modules and certificates**: ``ac/<module_key(key)>`` holds the linked module and the certificate of
+  the build that linked it, under the module's own key (host, toolchain, link command, object digests).
+
+Everything fetched is verified (sha256, sizes, a record's name against its recomputed key) before it enters
+the store; any failure is a miss with a warning. Writers upload CAS blobs before the action entry that
+names them. Hashes protect the CAS; the action entries say which object a compile gets, so only trusted
+builders may write them (docs/remote.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from hermetic import fs
+from hermetic.build.objects import Decision, ObjectCache, object_bytes
+from hermetic.build.plan import Compile
+from hermetic.keys import lookup_key, object_key, split_defines
+from hermetic.remote.actionresult import SHA256_RE, OutputFile
+from hermetic.remote.backend import Backend
+from hermetic.store import STORE_FORMAT, Store, entry_name
+
+AC_SALT = "hermetic-remote-v1"
+MAX_CANDIDATES = 16          # object records kept per lookup key (newest first)
+MAX_META_BYTES = 64 << 20
+CERTIFICATE = "certificate.json.zst"
+WORKERS = 8
+_OBJECT_NAME = re.compile(r"^[0-9a-f]{32}-obj-[A-Za-z0-9._+-]{1,80}$")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def objects_key(lookup: str) -> str:
+    """The action entry listing the object records of one lookup key."""
+    return fs.sha256_bytes(fs.canonical_json({"salt": AC_SALT, "kind": "objects", "lookup": lookup}))
+
+
+def module_key(key: str) -> str:
+    """The action entry of one linked module (its store key: host, toolchain, link command, objects)."""
+    return fs.sha256_bytes(fs.canonical_json({"salt": AC_SALT, "kind": "module", "key": key}))
+
+
+class Sharing:
+    def __init__(self, remote: Backend, store: Store) -> None:
+        self.remote, self.store = remote, store
+        self.counts = {"wheels_fetched": 0, "objects_fetched": 0, "modules_fetched": 0, "objects_uploaded": 0,
+                       "modules_uploaded": 0, "blobs_uploaded": 0}
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.remote.summary(), **self.counts}
+
+    def record(self) -> dict[str, str]:
+        return self.remote.settings.record()
+
+    def close(self) -> None:
+        self.remote.close()
+
+    # blobs: wheels and source archives --------------------------------------------
+    def fetch_blob(self, digests: Sequence[str], size: int | None = None, *, listed: bool = False) -> str | None:
+        """The first of ``digests`` the remote has, verified and put in the store; None otherwise."""
+        for digest in digests:
+            digest = digest.lower()
+            if not SHA256_RE.match(digest):
+                continue
+            if self.store.use_blob(digest):  # pinned and checked under the gc lock
+                return digest
+            tmp = self.remote.get_cas_file(digest, self.store.tmp, size=size, listed=listed)
+            if tmp is not None:
+                self.store.put_blob_file(tmp, digest)  # pins it
+                return digest
+        return None
+
+    def upload_blob(self, digest: str) -> None:
+        if self.remote.writable and self.remote.put_cas_file(digest, self.store.blob_path(digest)):
+            self.counts["blobs_uploaded"] += 1
+
+    # objects ------------------------------------------------------------------------
+    def fetch_objects(self, cache: ObjectCache, compiles: Iterable[Compile]) -> set[str]:
+        """Put into the local store every object of ``compiles`` the remote has and the local lookup
+        would accept; returns the sources (Compile.rel) for which it did."""
+        by_lookup: dict[str, list[Compile]] = {}
+        for c in compiles:
+            by_lookup.setdefault(cache.lookup(c), []).append(c)
+        if not by_lookup or not self.remote.usable:
+            return set()
+        records = dict(zip(by_lookup, _parallel(self._records, list(by_lookup)), strict=True))
+        wanted: dict[str, dict[str, Any]] = {}
+        for lk, cs in by_lookup.items():
+            for c in cs:  # input hashes in this thread: the hasher is the build's
+                chosen = cache.choose(c, records[lk]) if records[lk] else None
+                if chosen is not None and not isinstance(chosen, Decision):
+                    wanted[c.rel] = chosen[0]
+        pairs = sorted({(m["object"], m["size"]) for m in wanted.values()})
+        ok = _parallel(lambda pair: self.fetch_blob([pair[0]], pair[1], listed=True) is not None, pairs)
+        got = {digest for (digest, _size), fine in zip(pairs, ok, strict=True) if fine}
+        fetched = set()
+        for rel, meta in wanted.items():
+            if meta["object"] in got:
+                cache.adopt(meta)
+                fetched.add(rel)
+        self.counts["objects_fetched"] += len(fetched)
+        return fetched
+
+    def _records(self, lookup: str) -> list[dict[str, Any]]:
+        """The valid object records the remote lists under ``lookup`` and this store does not have."""
+        files = self.remote.get_ac(objects_key(lookup))
+        out = []
+        for name, (meta_file, object_file) in _manifest(files or []).items():
+            if self.store.has_entry(name):
+                continue  # the local lookup already weighed it
+            data = self.remote.get_cas_bytes(meta_file.digest, MAX_META_BYTES, listed=True)
+            if data is None:
+                continue
+            why = _invalid_record(data, name, lookup, object_file)
+            if why is not None:
+                self.remote.failed(f"object record {name} is not valid ({why}); ignoring it")
+                continue
+            out.append(json.loads(data))
+        return out
+
+    def upload_objects(self, metas: Iterable[dict[str, Any]]) -> None:
+        """Share object records (CAS blobs first, then the list of their lookup key). Records the list
+        already holds cost one GET per lookup key and no upload."""
+        by_lookup: dict[str, list[dict[str, Any]]] = {}
+        for meta in metas:
+            by_lookup.setdefault(meta["lookup"], []).append(meta)
+        if by_lookup and self.remote.writable:
+            self.counts["objects_uploaded"] += sum(_parallel(self._upload_lookup, list(by_lookup.items())))
+
+    def _upload_lookup(self, item: tuple[str, list[dict[str, Any]]]) -> int:
+        lookup, metas = item
+        key = objects_key(lookup)
+        listed = _manifest(self.remote.get_ac(key) or [])
+        added: list[tuple[OutputFile, OutputFile]] = []
+        for meta in metas:
+            # the team's records name the object's own bytes: how this store keeps them is its own affair
+            shared = {k: v for k, v in meta.items() if k != "packed"}
+            shared["refs"] = [f"blob:{meta['object']}"]
+            data = fs.canonical_json(shared)
+            digest = fs.sha256_bytes(data)
+            if meta["name"] in listed and listed[meta["name"]][0].digest == digest:
+                continue
+            if not (self._put_object(meta) and self.remote.put_cas_bytes(digest, data)):
+                return 0  # the list never names a blob that is not uploaded
+            added.append((OutputFile(f"{meta['name']}/meta.json", digest, len(data)),
+                          OutputFile(f"{meta['name']}/object", meta["object"], meta["size"])))
+        if not added:
+            return 0
+        names = {a[0].path.split("/")[0] for a in added}
+        kept = [pair for name, pair in listed.items() if name not in names]
+        pairs = (added + kept)[:MAX_CANDIDATES]
+        return len(added) if self.remote.put_ac(key, [f for pair in pairs for f in pair]) else 0
+
+    def _put_object(self, meta: dict[str, Any]) -> bool:
+        if not meta.get("packed"):
+            return self.remote.put_cas_file(meta["object"], self.store.blob_path(meta["object"]))
+        data = object_bytes(self.store, meta)
+        if data is None:
+            return False
+        return self.remote.put_cas_bytes(meta["object"], data)
+
+    # modules and certificates ---------------------------------------------------------
+    def fetch_module(self, key: str, filename: str) -> tuple[str, str] | None:
+        """(module blob, certificate blob) of the build that linked this module elsewhere, verified and in
+        the store; None on a miss."""
+        files = self.remote.get_ac(module_key(key))
+        if not files:
+            return None
+        by_path = {f.path: f for f in files}
+        so, cert = by_path.get(f"module/{filename}"), by_path.get(CERTIFICATE)
+        if so is None or cert is None:
+            self.remote.failed(f"module entry for {filename} lacks the module or its certificate; ignoring it")
+            return None
+        if (self.fetch_blob([so.digest], so.size, listed=True) is None
+                or self.fetch_blob([cert.digest], cert.size, listed=True) is None):
+            return None
+        from hermetic.build.certificate import read_certificate
+        try:
+            produced = read_certificate(self.store, cert.digest).get("module_sha256")
+        except (ValueError, OSError, AttributeError) as e:  # zstandard.ZstdError is a ValueError
+            produced = f"unreadable ({e})"
+        if produced != so.digest:
+            self.remote.failed(f"the certificate shared with {filename} does not certify it; ignoring both")
+            return None
+        self.counts["modules_fetched"] += 1
+        return so.digest, cert.digest
+
+    def upload_module(self, key: str, filename: str, so_digest: str, cert_blob: str) -> None:
+        if not self.remote.writable or self.remote.has(f"ac/{module_key(key)}") is not False:
+            return  # there already (another builder's certificate stays), or the remote cannot say
+        so_path, cert_path = self.store.blob_path(so_digest), self.store.blob_path(cert_blob)
+        if self.remote.put_cas_file(so_digest, so_path) and self.remote.put_cas_file(cert_blob, cert_path):
+            files = [OutputFile(f"module/{filename}", so_digest, so_path.stat().st_size),
+                     OutputFile(CERTIFICATE, cert_blob, cert_path.stat().st_size)]
+            if self.remote.put_ac(module_key(key), files):
+                self.counts["modules_uploaded"] += 1
+
+
+def _manifest(files: list[OutputFile]) -> dict[str, tuple[OutputFile, OutputFile]]:
+    """entry name -> (record, object) of an objects list, in its order; incomplete pairs are dropped."""
+    metas: dict[str, OutputFile] = {}
+    objects: dict[str, OutputFile] = {}
+    for f in files:
+        name, _, what = f.path.partition("/")
+        if _OBJECT_NAME.match(name):
+            (metas if what == "meta.json" else objects if what == "object" else {})[name] = f
+    return {name: (m, objects[name]) for name, m in metas.items() if name in objects}
+
+
+def _invalid_record(data: bytes, name: str, lookup: str, object_file: OutputFile) -> str | None:
+    """Why a record from the remote cannot be an object entry of this store under ``name``, or None."""
+    try:
+        meta = json.loads(data)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(meta, dict) or meta.get("kind") != "object" or meta.get("format") != STORE_FORMAT:
+        return "not an object record of this store format"
+    if meta.get("name") != name or meta.get("lookup") != lookup:
+        return "it names another entry or lookup key"
+    inputs, defines = meta.get("inputs"), meta.get("defines")
+    if not (isinstance(inputs, list) and all(
+            isinstance(i, list) and len(i) == 3 and all(isinstance(x, str) for x in i)
+            and i[0].startswith("/") and i[1] in ("raw", "stripped") and SHA256_RE.match(i[2]) for i in inputs)):
+        return "malformed inputs"
+    if not (isinstance(defines, dict) and all(isinstance(v, str) or v is None for v in defines.values())):
+        return "malformed defines"
+    key = object_key(lookup, defines, inputs)
+    if meta.get("key") != key or entry_name(key, name[33:]) != name:
+        return "its name is not the key of its inputs"
+    # the recorded command is run again by `verify --rebuild-sample`: it must be the one the key describes
+    command, env, toolchain = meta.get("command"), meta.get("env"), meta.get("toolchain")
+    if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)
+            and isinstance(env, dict) and isinstance(toolchain, dict) and isinstance(meta.get("output"), str)):
+        return "malformed command"
+    rest, command_defines = split_defines(command)
+    if rest != meta.get("argv") or command_defines != defines or \
+            all(lookup_key(kind, command, env, toolchain) != lookup for kind in ("cxx", "nvcc")):
+        return "its command is not the one its lookup key describes"
+    if meta.get("object") != object_file.digest or meta.get("size") != object_file.size:
+        return "it names another object than the list"
+    return None
+
+
+def _parallel(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(min(WORKERS, len(items))) as pool:
+        return list(pool.map(fn, items))

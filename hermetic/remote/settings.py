@@ -1,0 +1,85 @@
+"""Which remote cache to use, and how: the command line, else the environment, else a recipe's ``[remote]``.
+
+Credentials come from the URL's userinfo (basic auth) or ``HERMETIC_REMOTE_CACHE_TOKEN`` (a bearer token);
+they are taken off the URL here and never printed: messages and records carry the bare URL only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hermetic.errors import BadInput
+from hermetic.urls import split_credentials
+
+ENV_URL, ENV_MODE = "HERMETIC_REMOTE_CACHE", "HERMETIC_REMOTE_CACHE_MODE"
+ENV_TOKEN, ENV_TIMEOUT = "HERMETIC_REMOTE_CACHE_TOKEN", "HERMETIC_REMOTE_CACHE_TIMEOUT"
+
+
+MODES = ("off", "ro", "rw")
+
+
+DEFAULT_TIMEOUT = 30.0      # seconds to connect, and between two reads of one answer
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """What the command line said (``--remote-cache``, ``--remote-cache-mode``); None: not given."""
+    url: str | None = None
+    mode: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    url: str                                   # base URL without credentials: safe to print and record
+    mode: str                                  # "ro" or "rw"
+    source: str                                # where the URL came from, for messages
+    auth: tuple[str, str] | None = field(default=None, repr=False)
+    token: str | None = field(default=None, repr=False)
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def writable(self) -> bool:
+        return self.mode == "rw"
+
+    def record(self) -> dict[str, str]:
+        """For receipts and certificates: no credentials."""
+        return {"url": self.url, "mode": self.mode}
+
+
+def resolve_settings(options: RemoteOptions | None, environ: Mapping[str, str],
+                     recipe_url: str | None = None, recipe_mode: str | None = None,
+                     recipe_where: str = "the recipe's [remote]") -> RemoteSettings | None:
+    """The remote to use, or None. URL and mode each come from the command line, else the environment,
+    else the recipe's ``[remote]`` table; the mode defaults to read-only; ``off`` disables the remote."""
+    options = options or RemoteOptions()
+    url, source = options.url, "--remote-cache"
+    if url is None and environ.get(ENV_URL):
+        url, source = environ[ENV_URL], ENV_URL
+    if url is None and recipe_url:
+        url, source = recipe_url, recipe_where
+    mode, mode_source = options.mode, "--remote-cache-mode"
+    if mode is None and environ.get(ENV_MODE):
+        mode, mode_source = environ[ENV_MODE], ENV_MODE
+    if mode is None and recipe_mode:
+        mode, mode_source = recipe_mode, recipe_where
+    mode = (mode or "ro").strip().lower()
+    if mode not in MODES:
+        raise BadInput(f"remote cache mode {mode!r} is not one of {', '.join(MODES)}", where=mode_source,
+                       hint="ro reads the remote cache, rw also writes it (trusted builders only), off ignores it")
+    if not url or mode == "off":
+        return None
+    base, auth = split_credentials(url, source)
+    token = environ.get(ENV_TOKEN) or None
+    if token and auth:
+        raise BadInput(f"the remote cache {base} has credentials in its URL and {ENV_TOKEN} is set",
+                       where=source, hint="use one: user:password@ in the URL (basic) or the token (bearer)")
+    raw_timeout = environ.get(ENV_TIMEOUT)
+    try:
+        timeout = float(raw_timeout) if raw_timeout else DEFAULT_TIMEOUT
+    except ValueError:
+        timeout = -1.0
+    if not 0 < timeout <= 3600:
+        raise BadInput(f"{ENV_TIMEOUT}={raw_timeout!r} is not a number of seconds (0-3600)", where=ENV_TIMEOUT,
+                       hint=f"for example {ENV_TIMEOUT}=30")
+    return RemoteSettings(base, mode, source, auth, token, timeout)

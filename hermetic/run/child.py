@@ -1,0 +1,402 @@
+"""The measuring process of `hermetic run`: runs inside the realized environment, under the run's limits.
+
+``python -m hermetic.run.child PLAN.json`` imports torch, the realized modules and the worker, then
+1. checks exactness (switch graph vs original on every state, depth and batch; greedy rows of mixed masks;
+   zero q payloads) and computes the batch-1 digests;
+2. measures: warm-ups, then cells interleaved over the repetitions with the order reversed every repetition,
+   the first call of each block discarded; CUDA events bracket each whole call on a GPU (a monotonic clock on
+   a CPU); NVML clock and clock-event-reason snapshots around every call, counters around every block;
+3. writes every raw sample and the checks to the results file named in the plan.
+Progress goes to stdout as JSON lines; the parent (hermetic.run.pipeline) relays them and does the statistics.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from typing import Any
+
+INVALIDATING = 0x8 | 0x20 | 0x40 | 0x80
+POWER_CAP = 0x4
+
+
+def say(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+class Nvml:
+    """Read-only NVML snapshots of the run's GPU (None-safe where NVML is absent)."""
+
+    def __init__(self, uuid: str | None) -> None:
+        self.nv: Any = None
+        self.h: Any = None
+        if not uuid:
+            return
+        try:
+            import pynvml as nv
+            nv.nvmlInit()
+            self.h = nv.nvmlDeviceGetHandleByUUID(uuid)
+            self.nv = nv
+        except Exception as e:  # the run still measures; the results say NVML was missing
+            say("warning", message=f"NVML unavailable in the measuring process: {e}")
+
+    def call_snapshot(self) -> tuple[int | None, int | None]:
+        if self.nv is None:
+            return None, None
+        return (self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM),
+                self.nv.nvmlDeviceGetCurrentClocksEventReasons(self.h))
+
+    def pids(self) -> set[int]:
+        if self.nv is None:
+            return set()
+        return {int(p.pid) for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)}
+
+    def block_counters(self) -> dict[str, Any]:
+        if self.nv is None:
+            return {}
+        nv, h = self.nv, self.h
+        out: dict[str, Any] = {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000,
+                               "temperature_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
+        for name, policy in (("power", nv.NVML_PERF_POLICY_POWER), ("thermal", nv.NVML_PERF_POLICY_THERMAL)):
+            try:
+                out[f"violation_{name}_ns"] = nv.nvmlDeviceGetViolationStatus(h, policy).violationTime
+            except nv.NVMLError:
+                out[f"violation_{name}_ns"] = None
+        try:
+            out["energy_mj"] = nv.nvmlDeviceGetTotalEnergyConsumption(h)
+        except nv.NVMLError:
+            out["energy_mj"] = None
+        out["processes"] = sorted(int(p.pid) for p in nv.nvmlDeviceGetComputeRunningProcesses(h))
+        return out
+
+
+def load_worker(plan: dict[str, Any]) -> tuple[Any, Any]:
+    """The worker's module; its folder goes last on the import path (realized modules stay first)."""
+    folder = os.path.dirname(os.path.abspath(plan["worker"]))
+    if folder not in sys.path:
+        sys.path.append(folder)
+    spec = importlib.util.spec_from_file_location("hermetic_run_worker", plan["worker"])
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the worker from {plan['worker']}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module, getattr(module, plan["factory"])
+
+
+def outputs_bits(out: dict[str, Any]) -> dict[str, Any]:
+    """Outputs as exact bit patterns (float32 viewed as int32), on the CPU."""
+    import torch
+    bits = {}
+    for k, t in out.items():
+        c = t.detach().cpu().contiguous()
+        bits[k] = c.view(torch.int32) if c.dtype == torch.float32 else c.clone()
+    return bits
+
+
+def tensor_bytes(t: Any) -> bytes:
+    """The raw bytes of a contiguous CPU tensor (no numpy needed)."""
+    import ctypes
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
+def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tuple, Any]
+                    ) -> tuple[list[dict[str, Any]], dict[str, str], int]:
+    """(mismatches, batch-1 digests, comparisons made)."""
+    import torch
+    mismatches: list[dict[str, Any]] = []
+    digests: dict[str, str] = {}
+    made = 0
+    n = len(states)
+    depths, batches, kernels = plan["check_depths"], plan["check_batches"], plan["kernels"]
+    total = len(kernels) * len(depths) * len(batches) * n
+    done = 0
+
+    def get(graph: str, depth: int, batch: int, k: str) -> Any:
+        key = (graph, depth, batch, k)
+        if key not in calls:
+            calls[key] = worker.prepare(graph=graph, depth=depth, batch=batch, kernels=k)
+        return calls[key]
+
+    def differ(kind: str, a: torch.Tensor, b: torch.Tensor, where: dict[str, Any], rows: list[int]) -> None:
+        for r in rows:
+            if not torch.equal(a[r], b[r]):
+                mismatches.append({**where, "check": kind, "row": r,
+                                   "positions": int((a[r] != b[r]).sum().item())})
+
+    for k in kernels:
+        for depth in depths:
+            for batch in batches:
+                orig, sw = get("original", depth, batch, k), get("switch", depth, batch, k)
+                for s in range(n):
+                    rows = [states[(s + j) % n] for j in range(batch)]
+                    where = {"kernels": k, "depth": depth, "batch": batch, "state": s}
+                    orig.load(rows, [0] * batch)
+                    orig()
+                    ref = outputs_bits(orig.outputs())
+                    if batch == 1:
+                        h = hashlib.sha256()
+                        for name in ("proposals", "confidence"):
+                            h.update(name.encode() + tensor_bytes(ref[name]))
+                        digests[f"s{s:02d}/d{depth}/{k}"] = h.hexdigest()
+                    sw.load(rows, [0] * batch)
+                    sw()
+                    got = outputs_bits(sw.outputs())
+                    all_rows = list(range(batch))
+                    for name in ("proposals", "confidence"):
+                        differ(f"all-greedy {name}", ref[name], got[name], {**where, "mask": "greedy"}, all_rows)
+                    made += 1
+                    if batch >= 2:
+                        for first in (0, 1):
+                            bits = [(j + first) % 2 for j in range(batch)]
+                            sw.load(rows, bits)
+                            sw()
+                            got = outputs_bits(sw.outputs())
+                            greedy_rows = [j for j in range(batch) if not bits[j]]
+                            w = {**where, "mask": "alternate-odd" if first else "alternate"}
+                            for name in ("proposals", "confidence"):
+                                differ(f"greedy-row {name}", ref[name], got[name], w, greedy_rows)
+                            q = got["q"]
+                            for j in greedy_rows:
+                                nz = int((q[j] != 0).sum().item())
+                                if nz:
+                                    mismatches.append({**w, "check": "greedy-row q payload not zero", "row": j,
+                                                       "positions": nz})
+                            made += 1
+                    done += 1
+                say("progress", phase="checks", done=done, total=total)
+    return mismatches, digests, made
+
+
+def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """(raw samples, per-block records, run flags)."""
+    import torch
+    cuda = plan["device"] == "cuda"
+    labels: list[tuple[str, Any]] = []
+    for cell in plan["cells"]:
+        rows = [states[j % len(states)] for j in range(cell["batch"])]
+        for k in plan["kernels"]:
+            c = worker.prepare(graph=cell["graph"], depth=cell["depth"], batch=cell["batch"], kernels=k)
+            c.load(rows, cell["mask_bits"])
+            labels.append((f"{cell['name']}/{k}", c))
+            if cell["name"] == plan["aa_cell"] and k == plan["kernels"][0]:
+                labels.append((f"{cell['name']}/{k}#aa", c))  # the same call, measured under a second label
+    proto = plan["protocol"]
+    flush = None
+    if cuda and plan.get("l2_flush"):
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda")
+    start_ev: Any = None
+    end_ev: Any = None
+    if cuda:
+        start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def one(call: Any) -> tuple[float, float, int | None, int | None, int | None, int | None]:
+        if flush is not None:
+            flush.zero_()
+            torch.cuda.current_stream().synchronize()
+        clk0, rsn0 = nvml.call_snapshot()
+        t0 = time.perf_counter_ns()
+        if cuda:
+            start_ev.record()
+            call()
+            end_ev.record()
+            end_ev.synchronize()
+            t1 = time.perf_counter_ns()
+            dev_us = start_ev.elapsed_time(end_ev) * 1000.0
+        else:
+            call()
+            t1 = time.perf_counter_ns()
+            dev_us = (t1 - t0) / 1000.0
+        clk1, rsn1 = nvml.call_snapshot()
+        return dev_us, (t1 - t0) / 1000.0, clk0, clk1, rsn0, rsn1
+
+    # warm-up: every label, at least warmup_calls each and warmup_seconds in all
+    t_end = time.monotonic() + proto["warmup_seconds"]
+    rounds = 0
+    while rounds < proto["warmup_calls"] or time.monotonic() < t_end:
+        for _, c in labels:
+            one(c)
+        rounds += 1
+        if rounds > 10_000:
+            break
+    say("progress", phase="warm-up", done=rounds, total=rounds)
+
+    samples: list[dict[str, Any]] = []
+    blocks: list[dict[str, Any]] = []
+    flags: dict[str, Any] = {"other_process_seen": [], "settles": 0}
+    mine = set(plan.get("own_gpu_pids", [])) | {os.getpid()}
+    reps = proto["repetitions"]
+    total_blocks = reps * len(labels)
+    for rep in range(reps):
+        order = labels if rep % 2 == 0 else labels[::-1]
+        for pos, (label, call) in enumerate(order):
+            before = nvml.block_counters()
+            gc.collect()
+            gc.disable()
+            try:
+                for i in range(proto["calls"] + 1):
+                    dev_us, host_us, clk0, clk1, rsn0, rsn1 = one(call)
+                    reasons = (rsn0 or 0) | (rsn1 or 0)
+                    samples.append({"label": label, "rep": rep, "pos": pos, "call": i, "discarded": i == 0,
+                                    "time_us": dev_us, "host_us": host_us,
+                                    "sm_clock_mhz": [clk0, clk1], "reasons": reasons,
+                                    "valid": not reasons & INVALIDATING, "power_capped": bool(reasons & POWER_CAP)})
+            finally:
+                gc.enable()
+            after = nvml.block_counters()
+            block = {"label": label, "rep": rep, "pos": pos, "before": before, "after": after}
+            others = sorted(set(after.get("processes", [])) - mine) if after else []
+            if others:
+                flags["other_process_seen"].append({"rep": rep, "label": label, "pids": others})
+            heavy = bool(after) and (after["power_w"] >= plan["heavy_power_w"]
+                                     or any(s["power_capped"] for s in samples[-proto["calls"]:]))
+            if heavy and plan["settle_seconds"] > 0:
+                time.sleep(plan["settle_seconds"])
+                flags["settles"] += 1
+            block["settled"] = heavy
+            blocks.append(block)
+            say("progress", phase="measure", done=len(blocks), total=total_blocks)
+    return samples, blocks, flags
+
+
+def measure_p2p(p2p: Any, size: int, reps: int) -> dict[str, Any]:
+    """Peer-copy bandwidth through the P2P extension against the copy engine (torch's cross-device copy_)."""
+    import torch
+    if torch.cuda.device_count() < 2:
+        return {"skipped": "one GPU visible"}
+    access = bool(p2p.can_access_peer(0, 1)) and bool(p2p.can_access_peer(1, 0))
+    enabled = access and bool(p2p.enable_peer_access(0, 1)) and bool(p2p.enable_peer_access(1, 0))
+    src = torch.arange(size // 4, dtype=torch.int32, device="cuda:0").view(torch.uint8)
+    dst = torch.empty(size, dtype=torch.uint8, device="cuda:1")
+    local = torch.empty(size, dtype=torch.uint8, device="cuda:0")
+    stream = torch.cuda.current_stream(0)
+
+    def timed(fn: Any) -> dict[str, Any]:
+        fn()
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.device(0):
+                a.record(stream)
+                fn()
+                b.record(stream)
+            b.synchronize()
+            torch.cuda.synchronize(1)
+            times.append(a.elapsed_time(b) / 1000)
+        times.sort()
+        med = times[len(times) // 2]
+        return {"median_s": med, "gb_per_s": size / med / 1e9, "min_s": times[0], "max_s": times[-1]}
+
+    out: dict[str, Any] = {"bytes": size, "repetitions": reps, "peer_access": access, "peer_enabled": enabled}
+    with torch.cuda.device(0):
+        out["extension_peer_copy"] = timed(lambda: p2p.peer_copy(dst, src, stream.cuda_stream))
+        dst.zero_()
+        p2p.peer_copy(dst, src, stream.cuda_stream)
+        torch.cuda.synchronize(0)
+        out["peer_copy_exact"] = bool(torch.equal(dst.to("cuda:0"), src))
+        out["copy_engine"] = timed(lambda: dst.copy_(src, non_blocking=True))
+        out["extension_local_copy"] = timed(lambda: p2p.local_copy(local, src, stream.cuda_stream))
+        out["copy_engine_local"] = timed(lambda: local.copy_(src, non_blocking=True))
+    out["peer_vs_copy_engine"] = out["extension_peer_copy"]["gb_per_s"] / out["copy_engine"]["gb_per_s"]
+    out["note"] = ("peer access enabled: direct NVLink/PCIe peer copies" if enabled else
+                   "peer access not available: cudaMemcpyPeerAsync stages the copy through the host")
+    return out
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor (``vendor_id``: GenuineIntel, AuthenticAMD): torch's CPU kernels (MKL, oneDNN) take other
+    code paths on another vendor's CPU of the same instruction set, so the same ISA gives other bits there."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    vendor = line.split(":", 1)[1].strip()
+                    return {"GenuineIntel": "intel", "AuthenticAMD": "amd"}.get(
+                        vendor, "".join(c for c in vendor.lower() if c.isalnum()) or "unknown")
+    except OSError:
+        pass
+    return "unknown"
+
+
+def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str, Any]:
+    import platform
+
+    import torch
+    facts: dict[str, Any] = {
+        "python": platform.python_version(), "executable": sys.executable, "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_vendor": cpu_vendor(),
+        "affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0),
+        "modules": {name: getattr(m, "__file__", None) for name, m in modules.items()},
+        "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
+                                               "CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                                               "HOME", "TMPDIR", "PYTHONPATH")},
+    }
+    if plan["device"] == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        facts.update(gpu_name=p.name, capability=f"{p.major}.{p.minor}", l2_bytes=p.L2_cache_size,
+                     sm_count=p.multi_processor_count)
+    return facts
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        plan = json.load(f)
+    import torch
+    torch.set_num_threads(plan["threads"])
+    modules: dict[str, Any] = {}
+    kernels: dict[str, Any] = {}
+    for k in plan["kernels"]:
+        mod = plan["modules"][k]
+        kernels[k] = importlib.import_module(mod) if mod else None
+        if mod:
+            modules[mod] = kernels[k]
+    p2p = importlib.import_module(plan["p2p"])
+    modules[plan["p2p"]] = p2p
+    wmod, factory = load_worker(plan)
+    device = plan["device"]
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    nvml = Nvml(plan.get("gpu_uuid"))
+    before = nvml.pids()
+    worker = factory({"params": plan["params"], "device": device, "kernels": kernels, "p2p": p2p})
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # NVML may report host pids inside a container: our own context is whatever appeared with it
+    plan["own_gpu_pids"] = sorted(nvml.pids() - before)
+    states = wmod.load_states(plan["states"])
+    say("progress", phase="load", done=1, total=1)
+    calls: dict[tuple, Any] = {}
+    t0 = time.monotonic()
+    mismatches, digests, made = check_exactness(plan, worker, states, calls)
+    t_checks = time.monotonic() - t0
+    samples, blocks, flags = measure(plan, worker, states, nvml)
+    p2p_result = None
+    if device == "cuda" and plan.get("peer"):
+        say("progress", phase="p2p", done=0, total=1)
+        p2p_result = measure_p2p(p2p, plan["peer_bytes"], 20)
+    results = {"format": 1, "environment": environment_facts(plan, modules), "p2p": p2p_result,
+               "exactness": {"comparisons": made, "mismatches": mismatches, "seconds": round(t_checks, 3)},
+               "digests": digests, "samples": samples, "blocks": blocks,
+               "flags": {**flags, "own_gpu_pids": plan["own_gpu_pids"], "gpu_pids_before": sorted(before)},
+               "measure_seconds": round(time.monotonic() - t0 - t_checks, 3)}
+    tmp = plan["results"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f)
+    os.replace(tmp, plan["results"])
+    say("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""Which device a run measures, the machine-wide locks that keep two runs off one device, and the facts of
+the device that go into the receipt (GPU preconditions through NVML, read only; the CPU's model and load).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hermetic import fs
+from hermetic.errors import PreconditionFailed
+from hermetic.reporter import Reporter
+from hermetic.run.spec import Runner
+
+DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
+
+
+# the device and its lock -----------------------------------------------------------------------------------
+def pick_device(requested: str) -> str:
+    from hermetic.run.gpu import gpu_count
+    if requested == "cpu":
+        return "cpu"
+    n = gpu_count()
+    if requested == "gpu" and n == 0:
+        raise PreconditionFailed("no GPU is visible through NVML", where="--device gpu",
+                                 hint="run on a GPU machine, or use --device cpu")
+    return "gpu" if n else "cpu"
+
+
+def lock_dir(configured: str | None) -> Path:
+    """The machine-wide lock folder: shared by every user (the one deliberate place outside the root)."""
+    if configured or os.environ.get("HERMETIC_LOCK_DIR"):
+        return Path(configured or os.environ["HERMETIC_LOCK_DIR"])
+    for d in DEFAULT_LOCK_DIRS:
+        parent = Path(d).parent
+        if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
+            return Path(d)
+    return Path(DEFAULT_LOCK_DIRS[-1])
+
+
+def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, what: str) -> tuple[fs.FileLock, float]:
+    """flock ``directory/name``, waiting up to ``timeout`` seconds; (lock, seconds waited)."""
+    if not directory.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(directory, 0o1777)  # every user creates lock files here; the sticky bit guards them
+    path = directory / name
+    lock = fs.FileLock(path, timeout=timeout, what=what)
+    t0 = time.monotonic()
+    if not lock.acquire(blocking=False):
+        holder = ""
+        try:
+            holder = path.read_text().strip()
+        except OSError:
+            pass
+        reporter.event("lock-wait", f"waiting up to {timeout:g} s for {what} ({path}"
+                                    f"{'; held by ' + holder if holder else ''})", path=str(path))
+        lock.acquire()
+    with path.open("w") as f:  # who holds it, for the next one who waits
+        f.write(f"pid {os.getpid()} on {socket.gethostname()} since "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+    try:
+        os.chmod(path, 0o666)
+    except OSError:
+        pass
+    return lock, time.monotonic() - t0
+
+
+def gpu_preconditions(runner: Runner, realized: list[dict[str, Any]], index: int, spec: Any, *,
+                       peer: bool = False) -> Any:
+    from hermetic.run.gpu import check_preconditions, nvml_facts, own_process_tree
+    facts = nvml_facts(index)  # again, now that the lock is ours
+    archs = tuple(a for r in realized for a in r["archs"])
+    cuda = max((r["cuda"] for r in realized if r["cuda"]), default=None)
+    failures = check_preconditions(facts, power_cap_w=None if peer else spec.power_cap_w,
+                                   min_free_memory=spec.min_free_memory,
+                                   archs=archs, toolchain_cuda=cuda, own_pids=own_process_tree())
+    if failures:
+        lines = "; ".join(f"{f.key}: found {f.found}, expected {f.expected}" for f in failures)
+        raise PreconditionFailed(f"GPU {index} ({facts.name}, {facts.uuid}) is not ready: {lines}",
+                                 where=str(runner.path), hint=failures[0].hint)
+    return facts
+
+
+def cpu_facts(spec: Any) -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"model": model, "logical_cpus": os.cpu_count(), "host": socket.gethostname(),
+            "load_avg": list(os.getloadavg())}

@@ -1,0 +1,340 @@
+"""The content-addressed store: blobs by sha256, immutable entries published by rename.
+
+Invariant (written once, enforced here): a path under ``entries/`` or ``blobs/`` is complete and valid.
+Everything is built under ``tmp/`` and renamed into place under a per-entry lock after re-checking that
+no one beat us to it; gc renames an entry into ``trash/`` (invalidating it) before deleting it. A crash
+therefore leaves garbage in ``tmp/`` or ``trash/``, never a half-valid entry.
+
+Layout (docs/layout.md):
+    FORMAT              store format version
+    blobs/ab/<sha256>   file contents, read-only; ``<sha256>x`` for executable files
+    entries/<name>/     meta.json (+ out/ for trees); read-only
+    locks/<name>.lock   per-entry build locks
+    temproots/<pid>-*   entries and blobs held alive by running hermetic processes
+    gc.lock             shared by users of entries, exclusive for gc
+
+The rest of the package: ``trees`` (trees of hard links to blobs, profiles), ``roots`` (gc roots), ``gc``,
+``verify``, ``archive`` (export and import), ``substitute`` (another store a blob may come from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from hermetic import fs
+from hermetic.errors import WorkFailed
+
+STORE_FORMAT = 1
+ENTRY_META = "meta.json"
+
+
+def entry_name(key: str, label: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in label)[:80]
+    return f"{key[:32]}-{safe}"
+
+
+def blob_name(digest: str, executable: bool) -> str:
+    return digest + ("x" if executable else "")
+
+
+class Store:
+    def __init__(self, path: Path, *, durable: bool | None = None) -> None:
+        self.path = path
+        self.blobs = path / "blobs"
+        self.entries = path / "entries"
+        self.locks = path / "locks"
+        self.tmp = path / "tmp"
+        self.trash = path / "trash"
+        self.temproots_dir = path / "temproots"
+        # fsync of every blob is off by default, as in Nix (fsync-store-paths): a killed process loses
+        # nothing the kernel already holds; HERMETIC_FSYNC=1 also survives power loss.
+        self.durable = fs.durable_default() if durable is None else durable
+        self._temproots: TempRoots | None = None
+
+    # opening ---------------------------------------------------------------
+    def open(self) -> Store:
+        fmt = self.path / "FORMAT"
+        if fmt.exists():
+            found = fmt.read_text().strip()
+            if found != f"hermetic-store {STORE_FORMAT}":
+                raise WorkFailed(f"the store has format {found!r}; this hermetic reads format {STORE_FORMAT}",
+                                 where=str(fmt), hint="use a matching hermetic, or `hermetic gc --all`")
+        else:
+            for d in (self.blobs, self.entries, self.locks, self.tmp, self.trash, self.temproots_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            fs.atomic_write(fmt, f"hermetic-store {STORE_FORMAT}\n".encode())
+        return self
+
+    def exists(self) -> bool:
+        return (self.path / "FORMAT").exists()
+
+    @property
+    def temproots(self) -> TempRoots:
+        if self._temproots is None:
+            self._temproots = _process_temproots(self.temproots_dir)
+        return self._temproots
+
+    def gc_lock(self, *, exclusive: bool = False, timeout: float | None = None) -> fs.FileLock:
+        return fs.FileLock(self.path / "gc.lock", shared=not exclusive, timeout=timeout,
+                           what="the store's gc lock")
+
+    # blobs -----------------------------------------------------------------
+    def blob_path(self, digest: str, executable: bool = False) -> Path:
+        return self.blobs / digest[:2] / blob_name(digest, executable)
+
+    def has_blob(self, digest: str, executable: bool = False) -> bool:
+        return self.blob_path(digest, executable).exists()
+
+    def use_blob(self, digest: str, executable: bool = False) -> bool:
+        """Pin a blob for this process (a temp root); False if it does not exist. Like ``use``, atomic with
+        respect to gc: a blob found here stays until this process ends."""
+        with self.gc_lock():
+            self.temproots.add(f"blob:{blob_name(digest, executable)}")
+            return self.has_blob(digest, executable)
+
+    def put_blob_file(self, src: Path, digest: str, executable: bool = False) -> Path:
+        """Move a verified temp file (on the store's file system) into place as a read-only blob (pinned)."""
+        dst = self.blob_path(digest, executable)
+        if self.use_blob(digest, executable):
+            src.unlink()
+            return dst
+        dst.parent.mkdir(exist_ok=True)
+        os.chmod(src, 0o555 if executable else 0o444)
+        if self.durable:
+            fd = os.open(src, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        os.replace(src, dst)
+        return dst
+
+    def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
+        """Hash while copying to a temp file; publish as a blob unless it already exists."""
+        h = hashlib.sha256()
+        size = 0
+        with fs.scratch_file(self.tmp, "blob-") as tmp:
+            with open(tmp, "wb") as out:
+                while chunk := stream.read(fs.CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    size += len(chunk)
+            digest = h.hexdigest()
+            self.put_blob_file(tmp, digest, executable)
+        return digest, size
+
+    def put_blob_bytes(self, data: bytes, executable: bool = False) -> str:
+        """Publish ``data`` as a blob; an existing blob of that name whose bytes are no longer ``data`` (a
+        flipped bit) is healed in place, so every tree that links it is right again."""
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.use_blob(digest, executable):
+            with fs.scratch_file(self.tmp, "blob-") as tmp:
+                tmp.write_bytes(data)
+                self.put_blob_file(tmp, digest, executable)
+        elif fs.sha256_file(self.blob_path(digest, executable))[0] != digest:
+            self.heal_blob(digest, executable, data)
+        return digest
+
+    def heal_blob(self, digest: str, executable: bool, data: bytes) -> None:
+        """Rewrite a corrupt blob's bytes in place (its inode is shared by every tree that holds the file)."""
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"healing blob {digest} with other bytes")
+        path = self.blob_path(digest, executable)
+        os.chmod(path, 0o644)
+        try:
+            with open(path, "r+b") as f:
+                f.write(data)
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
+        finally:
+            os.chmod(path, 0o555 if executable else 0o444)
+
+    def iter_blobs(self) -> Iterator[tuple[str, bool, Path]]:
+        if not self.blobs.exists():
+            return
+        for shard in sorted(self.blobs.iterdir()):
+            for p in sorted(shard.iterdir()):
+                name = p.name
+                yield name.rstrip("x"), name.endswith("x"), p
+
+    # entries ---------------------------------------------------------------
+    def entry_path(self, name: str) -> Path:
+        return self.entries / name
+
+    def has_entry(self, name: str) -> bool:
+        return (self.entries / name / ENTRY_META).exists()
+
+    def entry_meta(self, name: str) -> dict[str, Any]:
+        path = self.entries / name / ENTRY_META
+        try:
+            meta: dict[str, Any] = fs.read_json(path)
+        except (ValueError, UnicodeDecodeError):  # a damaged record: say so, never use it
+            raise WorkFailed(f"store entry {name} is corrupt: its record is not valid JSON", where=str(path),
+                             hint="run `hermetic verify --repair`") from None
+        if not isinstance(meta, dict):
+            raise WorkFailed(f"store entry {name} is corrupt: its record is not a table", where=str(path),
+                             hint="run `hermetic verify --repair`")
+        return meta
+
+    def iter_entries(self) -> list[str]:
+        if not self.entries.exists():
+            return []
+        return sorted(p.name for p in self.entries.iterdir())
+
+    def entry_lock(self, name: str) -> fs.FileLock:
+        return fs.FileLock(self.locks / f"{name}.lock", what=f"store entry {name}")
+
+    @contextlib.contextmanager
+    def build_entry(self, name: str) -> Iterator[Staging | None]:
+        """Build an entry once: yields a Staging to fill, or None when it already exists.
+
+        Concurrent builders of the same entry wait on its lock and then find it built.
+        """
+        with self.entry_lock(name):
+            if self.use(name):
+                yield None
+                return
+            staging = Staging(self, name)
+            try:
+                yield staging
+                staging.publish()
+            finally:
+                staging.discard()
+
+    def use(self, name: str) -> bool:
+        """Pin an existing entry for this process (a temp root); False if it does not exist.
+
+        Pin and check happen under the gc lock (shared): gc plans and deletes under it (exclusive), so it
+        either sees this pin or has finished deleting before the check. Without the lock, gc could plan,
+        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py).
+        """
+        with self.gc_lock():
+            self.temproots.add(f"entry:{name}")
+            return self.has_entry(name)
+
+    def invalidate(self, name: str) -> Path | None:
+        """Rename an entry into trash/: from this moment it is invalid garbage. Returns its trash path."""
+        src = self.entries / name
+        if not src.exists():
+            return None
+        self.trash.mkdir(exist_ok=True)
+        dst = self.trash / f"{name}.{os.urandom(4).hex()}"
+        os.chmod(src, 0o755)  # renaming a folder needs write permission on the folder itself
+        os.replace(src, dst)
+        return dst
+
+
+class Staging:
+    """A folder under tmp/ that becomes ``entries/<name>`` on publish (or is deleted)."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self.name = name
+        store.tmp.mkdir(parents=True, exist_ok=True)
+        self.path = store.tmp / f"entry-{name}.{os.getpid()}.{os.urandom(4).hex()}"
+        self.path.mkdir()
+        self.meta: dict[str, Any] = {"format": STORE_FORMAT, "name": name}
+        self.readonly_dirs: list[str] | None = None  # set when the builder knows its folders: no walk needed
+        self._published = False
+
+    @property
+    def out(self) -> Path:
+        return self.path / "out"
+
+    def publish(self) -> None:
+        fs.atomic_write_json(self.path / ENTRY_META, self.meta, durable=self.store.durable)
+        if self.readonly_dirs is None:
+            fs.make_tree_readonly(self.path)
+        else:
+            for d in reversed(self.readonly_dirs):
+                os.chmod(d, 0o555)
+            os.chmod(self.path / ENTRY_META, 0o444)
+        os.chmod(self.path, 0o755)  # the entry folder stays renamable, for gc's invalidation
+        dst = self.store.entries / self.name
+        with self.store.gc_lock():
+            os.replace(self.path, dst)
+            self.store.temproots.add(f"entry:{self.name}")
+        if self.store.durable:
+            fs.fsync_dir(self.store.entries)
+        self._published = True
+
+    def discard(self) -> None:
+        if not self._published and self.path.exists():
+            fs.remove_tree(self.path)
+
+
+class TempRoots:
+    """Entries and blobs this process uses, in a file locked for the process's life.
+
+    gc treats the contents of every still-locked temproots file as roots; a file whose lock it can take
+    belonged to a dead process and is removed.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.lock = fs.FileLock(self.path)
+        self.lock.acquire()
+        self.seen: set[str] = set()
+
+    def add(self, ref: str) -> None:
+        if ref in self.seen:
+            return
+        self.seen.add(ref)
+        assert self.lock.fd is not None
+        os.write(self.lock.fd, (ref + "\n").encode())
+
+    def created_ns(self) -> int:
+        return os.stat(self.path).st_ctime_ns
+
+
+_OPEN_TEMPROOTS: dict[Path, TempRoots] = {}
+
+
+def _process_temproots(directory: Path) -> TempRoots:
+    """One temp-roots file per store per process, shared by every Store object opened on it."""
+    key = directory.resolve()
+    if key not in _OPEN_TEMPROOTS:
+        _OPEN_TEMPROOTS[key] = TempRoots(directory)
+    return _OPEN_TEMPROOTS[key]
+
+
+def release_temproots() -> None:
+    """At the end of a command: its entries are now held by roots, or by nothing."""
+    for tr in _OPEN_TEMPROOTS.values():
+        with contextlib.suppress(FileNotFoundError):
+            tr.path.unlink()
+        tr.lock.release()
+    _OPEN_TEMPROOTS.clear()
+
+
+def live_temproots(store: Store) -> tuple[set[str], int | None]:
+    """Refs held by running processes, and the creation time of the oldest live temproots file."""
+    refs: set[str] = set()
+    oldest: int | None = None
+    if not store.temproots_dir.exists():
+        return refs, oldest
+    mine = _OPEN_TEMPROOTS.get(store.temproots_dir.resolve())
+    own = mine.path if mine else None
+    for p in store.temproots_dir.iterdir():
+        if p == own:
+            continue
+        probe = fs.FileLock(p)
+        try:
+            if probe.acquire(blocking=False):
+                probe.release()
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                continue
+        except FileNotFoundError:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            refs.update(line for line in p.read_text().splitlines() if line)
+            ctime = os.stat(p).st_ctime_ns
+            oldest = ctime if oldest is None else min(oldest, ctime)
+    return refs, oldest
+

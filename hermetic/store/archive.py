@@ -1,0 +1,309 @@
+"""export / import: a realized closure as one verified zstd-compressed tar, for air-gapped machines.
+
+The archive holds MANIFEST.json first (every member's sha256 and size, every entry's key), then entry
+records and blobs. Trees travel as records only and are laid out again on import, so the archive holds each
+file's bytes once. Wheel files are not exported: the unpacked entries make them unnecessary.
+
+Import is all or nothing: every member is verified against the manifest into a staging folder before
+anything enters the store; a flipped byte, an unexpected member or a size beyond the manifest's is a bad
+archive (exit 2) and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from hermetic import __version__, fs
+from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+from hermetic.store import ENTRY_META, Store
+from hermetic.store.roots import root_refs
+from hermetic.store.trees import build_tree, tree_entry_name
+
+ARCHIVE_FORMAT = 1
+_ENTRY_RE = re.compile(r"^entries/([A-Za-z0-9._+-]{1,160})/meta\.json$")
+_BLOB_RE = re.compile(r"^blobs/([0-9a-f]{64}x?)$")
+_ROOT_RE = re.compile(r"^roots/([A-Za-z0-9._-]{1,80})\.json$")
+
+
+def _closure(store: Store, refs: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The entries reachable from ``refs`` and their blobs, each blob with one path it has in a tree
+    (the smallest, for a stable order; a wheel file's own blob gets its reference instead)."""
+    entries: list[str] = []
+    blobs: dict[str, str] = {}
+    pending = [r[6:] for r in refs if r.startswith("entry:")]
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in seen or not store.has_entry(name):
+            continue
+        seen.add(name)
+        entries.append(name)
+        meta = store.entry_meta(name)
+        for path, (digest, executable) in meta.get("files", {}).items():
+            b = digest + ("x" if executable else "")
+            blobs[b] = min(blobs.get(b, path), path)
+        pending += [r[6:] for r in meta.get("refs", []) if r.startswith("entry:")]
+        if meta.get("kind") != "unpacked":  # an unpacked wheel does not need its wheel file any more
+            blobs.update({r[5:]: r for r in meta.get("refs", []) if r.startswith("blob:") and store.has_blob(r[5:])
+                          and r[5:] not in blobs})
+    return sorted(entries), blobs
+
+
+BIG_BLOB = 1 << 20
+
+
+def stream_order(blobs: dict[str, str], sizes: dict[str, int]) -> list[str]:
+    """The order blobs go into the compressed stream: similar bytes close together, so that zstd's window
+    (and its long-distance matching) sees them. The large binaries first, largest first: cicc sits next to
+    libnvvm and ptxas next to nvlink and nvcc, which share much of their code (grouped, the toolchain
+    compresses about a quarter smaller than in hash order); then the small files by extension and path, so
+    that headers follow headers of their own library."""
+    def key(b: str) -> tuple[int, int, str, str, str]:
+        path = blobs[b]
+        if sizes[b] >= BIG_BLOB:
+            return (0, -sizes[b], "", path, b)
+        return (1, 0, os.path.splitext(path)[1], path, b)
+    return sorted(blobs, key=key)
+
+
+def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Reporter,
+                   level: int = 19) -> dict[str, int]:
+    import zstandard
+
+    store = Store(root.store)
+    if not store.exists():
+        raise BadInput(f"nothing to export: no store at {root.store}", where="--root",
+                       hint="realize a recipe first")
+    store.open()
+    target = Path(os.path.realpath(archive))  # through the profile symlinks too: they lead into the store
+    if target.is_relative_to(os.path.realpath(store.path)):
+        raise BadInput(f"hermetic export would write {archive} inside the store ({target})", where=str(archive),
+                       hint="store files are read-only and content-addressed: write the archive outside the store, "
+                            "e.g. ./closure.tar.zst")
+    wanted = set(names)
+    root_files = sorted(p for p in root.roots.glob("*.json") if not wanted or p.stem in wanted)
+    missing = wanted - {p.stem for p in root_files}
+    if missing:
+        raise BadInput(f"no root named {', '.join(sorted(missing))}", where="--name",
+                       hint="`hermetic show` lists the roots")
+    refs: set[str] = set()
+    for p in root_files:
+        refs.update(json.loads(p.read_text()).get("refs", []))
+    if not wanted:
+        refs |= root_refs(root)
+    entries, blobs = _closure(store, refs)
+    manifest: dict[str, Any] = {"format": ARCHIVE_FORMAT, "hermetic": __version__,
+                                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                "entries": {}, "blobs": {}, "roots": {}}
+    for name in entries:
+        manifest["entries"][name] = fs.sha256_file(store.entry_path(name) / ENTRY_META)[0]
+    total = 0
+    for b in sorted(blobs):
+        size = os.lstat(store.blob_path(b.rstrip("x"), b.endswith("x"))).st_size
+        manifest["blobs"][b] = size
+        total += size
+    order = stream_order(blobs, manifest["blobs"])
+    for p in root_files:
+        manifest["roots"][p.stem] = fs.sha256_file(p)[0]
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    task = reporter.task(f"export {archive.name}", total, "bytes")
+    tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as raw:
+            # long-distance matching finds the repeats between nvcc's, cicc's and libnvvm's binaries, which
+            # stream_order puts next to each other
+            params = zstandard.ZstdCompressionParameters.from_level(
+                level, enable_ldm=True, window_log=27, threads=-1, write_checksum=True)
+            cctx = zstandard.ZstdCompressor(compression_params=params)
+            with cctx.stream_writer(raw, closefd=False) as zw, \
+                    tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                _add_bytes(tar, "MANIFEST.json", fs.canonical_json(manifest))
+                for name in entries:
+                    _add_bytes(tar, f"entries/{name}/meta.json",
+                               (store.entry_path(name) / ENTRY_META).read_bytes())
+                for p in root_files:
+                    _add_bytes(tar, f"roots/{p.name}", p.read_bytes())
+                for b in order:
+                    path = store.blob_path(b.rstrip("x"), b.endswith("x"))
+                    info = tarfile.TarInfo(f"blobs/{b}")
+                    info.size = manifest["blobs"][b]
+                    info.mode = 0o555 if b.endswith("x") else 0o444
+                    with open(path, "rb") as f:
+                        tar.addfile(info, f)
+                    task.advance(info.size)
+        os.replace(tmp, archive)
+    finally:
+        task.close()
+        if tmp.exists():
+            tmp.unlink()
+    return {"entries": len(entries), "blobs": len(blobs), "bytes": total,
+            "archive_bytes": archive.stat().st_size}
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o444
+    tar.addfile(info, io.BytesIO(data))
+
+
+def import_closure(root: Root, archive: Path, *, reporter: Reporter,
+                   host: Callable[[], dict[str, Any]]) -> dict[str, int]:
+    """Verify and add an archive; ``host`` gives this machine's interpreter and torch identity (asked only
+    when an entry was built for one: it may import torch)."""
+    import zstandard
+
+    if not archive.is_file():
+        raise BadInput(f"archive {archive} does not exist", where=str(archive))
+    root.ensure()
+    store = Store(root.store).open()
+    staging = store.tmp / f"import-{os.getpid()}-{time.time_ns()}"
+    staging.mkdir(parents=True)
+    try:
+        with open(archive, "rb") as raw:
+            dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)
+            with dctx.stream_reader(raw) as zr:
+                manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
+        _check_hosts(host, metas, archive)
+        new_blobs = 0
+        for bname, path in blob_files.items():
+            digest, executable = bname.rstrip("x"), bname.endswith("x")
+            if not store.has_blob(digest, executable):
+                new_blobs += 1
+            store.temproots.add(f"blob:{bname}")
+            store.put_blob_file(path, digest, executable)
+        for name, meta in sorted(metas.items(), key=lambda kv: kv[1].get("kind") == "tree"):
+            _import_entry(store, name, meta)
+        for rname, data in roots.items():
+            dst = root.roots / f"{rname}.json"
+            if not dst.exists():
+                fs.atomic_write(dst, data)
+    except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
+        raise BadInput(f"archive {archive.name} is damaged: {e}", where=str(archive),
+                       hint="copy it again; nothing was imported") from None
+    finally:
+        fs.remove_tree(staging)
+    return {"entries": len(metas), "blobs": len(blob_files), "new_blobs": new_blobs,
+            "roots": len(roots), "bytes": sum(manifest["blobs"].values())}
+
+
+def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
+        dict[str, Any], dict[str, dict[str, Any]], dict[str, bytes], dict[str, Path]]:
+    def bad(what: str) -> BadInput:
+        return BadInput(f"archive {archive.name}: {what}", where=str(archive),
+                        hint="the archive is damaged or not from `hermetic export`; nothing was imported")
+
+    manifest: dict[str, Any] | None = None
+    metas: dict[str, dict[str, Any]] = {}
+    roots: dict[str, bytes] = {}
+    blobs: dict[str, Path] = {}
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for member in tar:
+            if not member.isfile():
+                raise bad(f"member {member.name!r} is not a regular file")
+            name = member.name
+            if manifest is None:
+                if name != "MANIFEST.json" or member.size > 64 << 20:
+                    raise bad("the first member is not MANIFEST.json")
+                manifest = _load_manifest(tar, member, bad)
+                continue
+            if m := _BLOB_RE.match(name):
+                bname = m.group(1)
+                if manifest["blobs"].get(bname) != member.size:
+                    raise bad(f"blob {bname[:16]}… is not in the manifest with this size")
+                blobs[bname] = _extract_blob(tar, member, staging, bname, bad)
+            elif m := _ENTRY_RE.match(name):
+                data = _read_member(tar, member, 256 << 20)
+                if manifest["entries"].get(m.group(1)) != fs.sha256_bytes(data):
+                    raise bad(f"entry {m.group(1)} does not match the manifest")
+                metas[m.group(1)] = json.loads(data)
+            elif m := _ROOT_RE.match(name):
+                data = _read_member(tar, member, 1 << 20)
+                if manifest["roots"].get(m.group(1)) != fs.sha256_bytes(data):
+                    raise bad(f"root {m.group(1)} does not match the manifest")
+                roots[m.group(1)] = data
+            else:
+                raise bad(f"unexpected member {name!r}")
+    if manifest is None:
+        raise bad("it is empty")
+    if set(manifest["blobs"]) != set(blobs) or set(manifest["entries"]) != set(metas):
+        raise bad("members listed in the manifest are missing (truncated archive?)")
+    return manifest, metas, roots, blobs
+
+
+def _load_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, bad: Any) -> dict[str, Any]:
+    try:
+        manifest = json.loads(_read_member(tar, member, 64 << 20))
+    except ValueError:
+        raise bad("MANIFEST.json is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != ARCHIVE_FORMAT:
+        raise bad(f"unsupported manifest format (this hermetic reads format {ARCHIVE_FORMAT})")
+    for key in ("entries", "blobs", "roots"):
+        if not isinstance(manifest.get(key), dict):
+            raise bad(f"MANIFEST.json has no {key} table")
+    return manifest
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
+    if member.size > limit:
+        raise BadInput(f"archive member {member.name} is larger than {limit} bytes")
+    f = tar.extractfile(member)
+    assert f is not None
+    return f.read()
+
+
+def _extract_blob(tar: tarfile.TarFile, member: tarfile.TarInfo, staging: Path, bname: str,
+                  bad: Any) -> Path:
+    f = tar.extractfile(member)
+    assert f is not None
+    h = hashlib.sha256()
+    dst = staging / bname
+    with open(dst, "wb") as out:
+        while chunk := f.read(fs.CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+    if h.hexdigest() != bname.rstrip("x"):
+        raise bad(f"blob {bname[:16]}… does not hash to its name")
+    return dst
+
+
+def _check_hosts(host: Callable[[], dict[str, Any]], metas: dict[str, dict[str, Any]], archive: Path) -> None:
+    """Entries built for an interpreter or torch are only accepted on a machine that has the same."""
+    needs = {name: m["host"] for name, m in metas.items() if isinstance(m.get("host"), dict)}
+    if not needs:
+        return
+    here = host()
+    for name, facts in sorted(needs.items()):
+        for key, want in sorted(facts.items()):
+            if here.get(key) != want:
+                raise PreconditionFailed(
+                    f"entry {name} was built for {key}={want}, this machine has {here.get(key)}",
+                    where=str(archive), hint="export from a machine with the same interpreter and torch")
+
+
+def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> None:
+    if meta.get("kind") == "tree":
+        files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+        links = meta.get("links", {})
+        # content-addressed trees must hash to their name; input-addressed ones (sources) carry their inputs
+        content_addressed = tree_entry_name(meta["label"], files, links) == name
+        if not content_addressed and "source" not in meta:
+            raise BadInput(f"tree entry {name} does not match its own record", where=str(name),
+                           hint="the archive is damaged or not from `hermetic export`; nothing was imported")
+        extra = {k: v for k, v in meta.items() if k == "source"}
+        build_tree(store, meta["label"], files, links, meta.get("refs", []), name=name, extra=extra)
+        return
+    with store.build_entry(name) as staging:
+        if staging is not None:
+            staging.meta = meta

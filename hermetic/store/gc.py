@@ -1,0 +1,128 @@
+"""gc: delete what no root reaches. Roots are roots/*.json, receipts/*.json, profiles and the temp roots of
+running hermetic processes. An entry is invalidated (renamed into trash/) before it is deleted, so a crash
+mid-gc leaves garbage, never a half-deleted valid entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hermetic import fs
+from hermetic.errors import PreconditionFailed
+from hermetic.root import Root
+from hermetic.store import Store, live_temproots
+from hermetic.store.roots import drop_root, root_refs
+
+
+@dataclass
+class GcPlan:
+    live_entries: set[str] = field(default_factory=set)
+    live_blobs: set[str] = field(default_factory=set)
+    dead_entries: list[str] = field(default_factory=list)
+    dead_blobs: list[Path] = field(default_factory=list)
+    garbage: list[Path] = field(default_factory=list)  # tmp/ and trash/ leftovers of dead processes
+
+
+def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
+    refs = root_refs(root, dropped)
+    temp_refs, oldest_live = live_temproots(store)
+    refs |= temp_refs
+    result = GcPlan()
+    pending = [r[len("entry:"):] for r in refs if r.startswith("entry:")]
+    result.live_blobs = {r[len("blob:"):] for r in refs if r.startswith("blob:")}
+    while pending:
+        name = pending.pop()
+        if name in result.live_entries or not store.has_entry(name):
+            continue
+        result.live_entries.add(name)
+        meta = store.entry_meta(name)
+        for _path, (digest, executable) in meta.get("files", {}).items():
+            result.live_blobs.add(digest + ("x" if executable else ""))
+        for r in meta.get("refs", []):
+            if r.startswith("entry:"):
+                pending.append(r[len("entry:"):])
+            elif r.startswith("blob:"):
+                result.live_blobs.add(r[len("blob:"):])
+    result.dead_entries = [e for e in store.iter_entries() if e not in result.live_entries]
+    for digest, executable, path in store.iter_blobs():
+        name = digest + ("x" if executable else "")
+        if name in result.live_blobs:
+            continue
+        # a blob newer than a running process may be one it is about to reference: leave it
+        if oldest_live is not None and os.lstat(path).st_ctime_ns >= oldest_live:
+            continue
+        result.dead_blobs.append(path)
+    for folder in (store.tmp, store.trash):
+        if folder.exists():
+            for p in folder.iterdir():
+                if oldest_live is None or os.lstat(p).st_ctime_ns < oldest_live:
+                    result.garbage.append(p)
+    return result
+
+
+def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600) -> tuple[GcPlan, int]:
+    store = Store(root.store)
+    if not store.exists():
+        return GcPlan(), 0
+    store.open()
+    with store.gc_lock(exclusive=True, timeout=timeout):
+        p = plan(root, store, dropped)
+        if dry_run:
+            return p, sum(_size(store.entry_path(e)) for e in p.dead_entries) + \
+                sum(os.lstat(b).st_size for b in p.dead_blobs)
+        freed = 0
+        for name in dropped:
+            drop_root(root, name)
+        for name in p.dead_entries:
+            trash = store.invalidate(name)
+            if trash is not None:
+                freed += fs.remove_tree(trash)
+        for blob in p.dead_blobs:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(blob)
+                blob.unlink()
+                freed += st.st_size if st.st_nlink == 1 else 0
+        for g in p.garbage:
+            freed += fs.remove_tree(g)
+        _prune_index(store)
+        return p, freed
+
+
+def _prune_index(store: Store) -> None:
+    """Drop object-index links whose entry is gone (a stale link is only a miss, but it costs a lookup)."""
+    index = store.path / "index"
+    if not index.exists():
+        return
+    for link in index.glob("*/*/*"):
+        if link.is_symlink() and not link.exists():
+            link.unlink()
+    for folder in sorted(index.glob("*/*"), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only empty ones go
+
+
+def remove_all(root: Root) -> int:
+    """gc --all: the whole scratch root, once no other hermetic process is using it."""
+    store = Store(root.store)
+    if not root.path.exists():
+        return 0
+    if store.exists():
+        with store.gc_lock(exclusive=True, timeout=0.5):
+            refs, _ = live_temproots(store)
+            if refs:
+                raise PreconditionFailed("another hermetic process is using this scratch root",
+                                         where=str(root.path), hint="wait for it to finish, then retry")
+    return fs.remove_tree(root.path)
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _d, files in os.walk(path):
+        for f in files:
+            st = os.lstat(os.path.join(dirpath, f))
+            if st.st_nlink == 1:
+                total += st.st_size
+    return total

@@ -1,0 +1,124 @@
+"""Unpack a wheel into the store's blobs through the installer library.
+
+installer supplies the scheme mapping, entry-point launchers and its path-traversal guard; the destination
+below writes each file's bytes as a blob instead of a file, and records (path, blob, executable bit).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zipfile
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.exceptions import InstallerError
+from installer.records import Hash, RecordEntry
+from installer.scripts import Script
+from installer.sources import WheelFile
+from installer.utils import Scheme
+
+from hermetic.errors import BadInput
+from hermetic.store import Staging, Store
+from hermetic.store.trees import FileMap, check_relpath
+
+if TYPE_CHECKING:
+    from installer.scripts import ScriptSection
+
+_VBASE = "/hermetic-target"
+# Entry-point launchers find python3 on PATH (``hermetic env`` puts the recipe's interpreter first), so an
+# unpacked wheel does not depend on one interpreter and moves between machines with ``hermetic export``.
+SCRIPT_INTERPRETER = "/usr/bin/env python3"
+# A decompression bomb stops here, before a byte is inflated: the zip's declared sizes bound what zipfile
+# will ever return. The largest real wheels (torch with CUDA) unpack to a few GiB.
+MAX_WHEEL_BYTES = 16 << 30
+MAX_WHEEL_FILES = 500_000
+
+
+def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where: str) -> None:
+    """Validate a wheel's RECORD, then unpack it into blobs through installer, recording them in ``staging``."""
+    dest = _BlobDestination(staging.store, staging.path / "blobs")
+    try:
+        _check_members(wheel_path, where)
+        with WheelFile.open(wheel_path) as source:
+            source.validate_record(validate_contents=True)
+            install(source, dest, {"INSTALLER": b"hermetic\n"})
+    except (InstallerError, ValueError, zipfile.BadZipFile, KeyError, zlib.error, EOFError) as e:
+        raise BadInput(f"wheel {wheel_path.name} is invalid: {_installer_message(e)}", where=where,
+                       hint="the wheel is damaged or hostile; check the lock's hash and the index") from None
+    for tmp, digest, executable in dest.staged:  # only a wheel unpacked whole puts anything in the store
+        staging.store.put_blob_file(tmp, digest, executable)
+    if dest.folder.exists():
+        dest.folder.rmdir()
+    staging.meta.update({"kind": "unpacked", "wheel": wheel_sha256, "filename": wheel_path.name,
+                         "files": {p: [d, x] for p, (d, x) in sorted(dest.files.items())},
+                         "refs": [f"blob:{wheel_sha256}"]})
+
+
+def _check_members(wheel_path: Path, where: str) -> None:
+    """Refuse what installer would not notice: a bomb (declared sizes), symlink members (a wheel holds
+    regular files; installer would write the link's target as a file's content)."""
+    with zipfile.ZipFile(wheel_path) as zf:
+        infos = zf.infolist()
+    total = sum(i.file_size for i in infos)
+    if total > MAX_WHEEL_BYTES or len(infos) > MAX_WHEEL_FILES:
+        raise BadInput(f"wheel {wheel_path.name} unpacks to {total / (1 << 30):.1f} GiB in {len(infos)} files, "
+                       f"more than {MAX_WHEEL_BYTES >> 30} GiB or {MAX_WHEEL_FILES} files", where=where,
+                       hint="a decompression bomb? check the lock's hash and where the wheel comes from")
+    links = [i.filename for i in infos if (i.external_attr >> 16) & 0o170000 == 0o120000]
+    if links:
+        raise BadInput(f"wheel {wheel_path.name} holds a symlink member: {links[0]!r}", where=where,
+                       hint="a wheel holds regular files only; the wheel is damaged or hostile")
+
+
+def _installer_message(e: Exception) -> str:
+    issues = getattr(e, "issues", None)
+    if issues:
+        shown = "; ".join(str(i) for i in list(issues)[:3])
+        return f"RECORD does not match the wheel's contents ({shown})"
+    return str(e) or type(e).__name__
+
+
+def _record_hash(digest: str) -> str:
+    return base64.urlsafe_b64encode(bytes.fromhex(digest)).rstrip(b"=").decode()
+
+
+class _BlobDestination(SchemeDictionaryDestination):
+    """installer's own scheme mapping and path-traversal guard, with blobs for bytes."""
+
+    def __init__(self, store: Store, folder: Path) -> None:
+        super().__init__(
+            scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
+                         "scripts": f"{_VBASE}/bin", "data": _VBASE},
+            interpreter=SCRIPT_INTERPRETER, script_kind="posix")
+        self.store = store
+        self.folder = folder  # the files' bytes wait in the entry's staging folder until the wheel is whole
+        self.files: FileMap = {}
+        self.staged: list[tuple[Path, str, bool]] = []
+
+    def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
+        target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
+        rel = target.relative_to(_VBASE).as_posix()
+        check_relpath(rel)
+        if rel in self.files:
+            raise ValueError(f"the wheel writes {rel} twice")
+        self.folder.mkdir(exist_ok=True)
+        tmp = self.folder / str(len(self.staged))
+        h, size = hashlib.sha256(), 0
+        with open(tmp, "wb") as out:
+            while chunk := stream.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        digest = h.hexdigest()
+        self.staged.append((tmp, digest, is_executable))
+        self.files[rel] = (digest, is_executable)
+        return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
+
+    def write_script(self, name: str, module: str, attr: str, section: ScriptSection) -> RecordEntry:
+        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), True)

@@ -1,0 +1,167 @@
+"""Every locked wheel as an *unpacked entry* of the store, fetched only when no entry and no blob has it.
+
+A wheel is unpacked once, by the ``installer`` library (``wheels.unpack``), into blobs: its unpacked entry is
+the list of (path, blob, executable) it holds, named by the wheel's sha256. Trees are laid out from these
+lists (``store.trees``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hermetic import fs
+from hermetic.errors import BadInput
+from hermetic.locks.types import Lock, LockedWheel
+from hermetic.reporter import Reporter
+from hermetic.root import Root
+from hermetic.store import Staging, Store, entry_name
+from hermetic.store.substitute import Substituter
+from hermetic.store.trees import FileMap
+
+if TYPE_CHECKING:
+    from hermetic.fetch.download import Fetcher
+
+
+UNPACKER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    entry: str
+    wheel_sha256: str
+    files: FileMap
+
+
+def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
+    key = fs.sha256_bytes(f"unpacked-v{UNPACKER_VERSION}\0{wheel_sha256}".encode())
+    return entry_name(key, label)
+
+
+def load_unpacked(store: Store, name: str) -> Unpacked:
+    meta = store.entry_meta(name)
+    files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+    return Unpacked(name, meta["wheel"], files)
+
+
+def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
+                     counts: dict[str, int], share: Substituter | None = None) -> list[Unpacked]:
+    """Each locked wheel unpacked in the store, fetching only what is missing.
+
+    The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
+    download and unpack each wheel once; the others wait and reuse it.
+    """
+    wheels = _unique_wheels(locks)
+    counts["wheels"] = len(wheels)
+    out: list[Unpacked] = []
+    fetcher: Fetcher | None = None
+    for w in wheels:
+        found = _existing_unpacked(store, w)
+        if found is not None:
+            out.append(found)
+            counts["reused"] += 1
+            continue
+        name = unpacked_entry_name(w.hashes[0], w.name)
+        with store.build_entry(name) as staging:
+            if staging is not None:
+                fresh: Path | None = None
+                blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h)), None)
+                if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
+                    blob = store.blob_path(shared)            # from the remote cache, verified
+                    size = blob.stat().st_size
+                    share.counts["wheels_fetched"] += 1
+                    counts["fetched"] += 1
+                    counts["fetched_bytes"] += size
+                    reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
+                                   wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
+                if blob is None:
+                    if fetcher is None:  # requests and pip's configuration are loaded only when needed
+                        fetcher = _make_fetcher(store, reporter)
+                    reporter.event("phase", phase="fetching")
+                    blob, filename = _fetch(store, fetcher, w, reporter, counts)
+                    fresh = blob
+                else:
+                    filename = w.filename or _filename_from_wheel(w, blob)
+                store.temproots.add(f"blob:{blob.name}")
+                reporter.event("phase", phase="materializing")
+                try:
+                    _unpack_blob(staging, blob, blob.name, filename, w.where)
+                except BadInput:
+                    if blob == fresh:  # a hostile wheel fetched just now does not stay in the store
+                        blob.unlink(missing_ok=True)
+                    raise
+                if fresh is not None and share is not None:
+                    share.upload_blob(fresh.name)  # only once it unpacked whole: no hostile wheel for the team
+                counts["unpacked"] += 1
+                reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
+            else:
+                counts["reused"] += 1
+        out.append(load_unpacked(store, name))
+    return sorted(out, key=lambda u: u.entry)
+
+
+def _make_fetcher(store: Store, reporter: Reporter) -> Fetcher:
+    from hermetic.fetch.download import Fetcher
+    from hermetic.fetch.pipconfig import load_pip_config
+    return Fetcher(load_pip_config(), store.tmp, reporter)
+
+
+def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
+           counts: dict[str, int]) -> tuple[Path, str]:
+    got = fetcher.fetch(w)
+    store.temproots.add(f"blob:{got.sha256}")
+    blob = store.put_blob_file(got.path, got.sha256)
+    counts["fetched"] += 1
+    counts["fetched_bytes"] += got.size
+    reporter.event("fetched", f"fetched {got.filename} ({got.size} bytes)", wheel=got.filename,
+                   sha256=got.sha256, bytes=got.size)
+    return blob, got.filename
+
+
+def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
+    seen: dict[str, LockedWheel] = {}
+    for lock in locks:
+        for w in lock.wheels:
+            if w.name in seen and set(seen[w.name].hashes) != set(w.hashes):
+                raise BadInput(f"{w.name} is locked twice with different hashes",
+                               where=w.where, hint=f"see also {seen[w.name].where}; keep one pin")
+            seen[w.name] = w
+    return [seen[k] for k in sorted(seen)]
+
+
+def _existing_unpacked(store: Store, w: LockedWheel) -> Unpacked | None:
+    """A wheel already unpacked under any of its locked hashes needs no fetch, not even its file."""
+    for h in w.hashes:
+        name = unpacked_entry_name(h, w.name)
+        if store.use(name):
+            return load_unpacked(store, name)
+    return None
+
+
+def _filename_from_wheel(w: LockedWheel, blob: Path) -> str:
+    """Rebuild a stored wheel's file name from its own dist-info (the store names blobs by hash)."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(blob) as zf:
+            wheel_meta = next(n for n in zf.namelist() if n.count("/") == 1
+                              and n.endswith(".dist-info/WHEEL"))
+            tag = next(line.split(":", 1)[1].strip() for line in zf.read(wheel_meta).decode().splitlines()
+                       if line.startswith("Tag:"))
+    except (zipfile.BadZipFile, StopIteration, OSError, UnicodeDecodeError):
+        raise BadInput(f"the stored wheel for {w.name} has no readable WHEEL tag", where=w.where,
+                       hint="run `hermetic verify --repair`") from None
+    return f"{wheel_meta.split('/')[0][: -len('.dist-info')]}-{tag}.whl"
+
+
+def _unpack_blob(staging: Staging, blob: Path, sha: str, filename: str, where: str) -> None:
+    # installer reads the distribution's name from the file name, so give the blob its name via a link
+    named = staging.path / "wheel" / filename
+    named.parent.mkdir()
+    os.symlink(blob, named)
+    try:
+        from hermetic.wheels.unpack import unpack_wheel  # installer is imported only when a wheel is unpacked
+        unpack_wheel(staging, named, sha, where=where)
+    finally:
+        fs.remove_tree(named.parent)

@@ -1,0 +1,159 @@
+"""What an earlier hermetic wrote is read unchanged: its store, its receipts, its no-op records and the entries
+it put in a remote cache.
+
+``COMPAT_BASE`` is the newest commit whose formats this code must read as they are. The code of that commit
+(``git archive``) realizes a small recipe that builds (a C++ extension and a wheel from a loopback index)
+into a root with a read-write remote cache; this checkout must then find that root a no-op, reuse every
+object and module in it, verify it clean, and fill an empty root at the same path from the remote alone.
+Move COMPAT_BASE forward only with a deliberate format change (and a format bump or salt that says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, make_pkg, pip_lock_line, store_listing
+from tests.support.index import LoopbackIndex
+from tests.support.nginx import Nginx
+
+# the last commit of the flat layout (before the package moved into rooms): behaviour and formats unchanged
+COMPAT_BASE = "a83e1f0c38ebfb6c596c6bc80a1a7973610b37c7"
+
+SOURCE = """\
+// A module that needs nothing but Python.h: the build is real (g++, torch's flags, the link against torch)
+// and takes a second.
+#include <Python.h>
+static struct PyModuleDef compat_module = {PyModuleDef_HEAD_INIT, "compat_ext", nullptr, -1, nullptr};
+PyMODINIT_FUNC PyInit_compat_ext(void) { return PyModule_Create(&compat_module); }
+"""
+
+RECIPE = """\
+[recipe]
+name = "compat"
+locks = ["env.txt"]
+
+[toolchain]
+cuda = "13.0"
+lock = "cuda-13.0-toolchain.txt"
+
+[sources.src]
+path = "src"
+
+[limits]
+jobs = 2
+
+[[extensions]]
+name = "compat_ext"
+source = "src"
+sources = ["*.cpp"]
+"""
+
+
+@pytest.fixture(scope="module")
+def base_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as COMPAT_BASE had it, unpacked from this repository's history."""
+    out = tmp_path_factory.mktemp("base")
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", COMPAT_BASE, "hermetic"], capture_output=True)
+    assert archive.returncode == 0, (
+        f"commit {COMPAT_BASE[:12]} is not in this clone (git says: {archive.stderr.decode().strip()}); the "
+        "compatibility test needs the repository's history (a full `git clone`)")
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out
+
+
+@pytest.fixture
+def nginx(tmp_path: Path) -> Iterator[Nginx]:
+    server = Nginx(tmp_path / "server")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def hermetic(code: Path | None, root: Path, home: Path, *args: str | Path,
+             env: dict[str, str] | None = None) -> tuple[int, dict[str, object], str]:
+    """``python -m hermetic`` from ``code`` (an old checkout) or this one; (exit code, result record, stderr)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HERMETIC_", "PYTHONPATH"))}
+    full.update({"HOME": str(home), "PIP_CONFIG_FILE": os.devnull, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
+    if code is not None:
+        full["PYTHONPATH"] = str(code)
+    home.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *map(str, args), "--json"],
+                       capture_output=True, text=True, env=full, cwd=code or REPO, timeout=900)
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    result = next((r for r in reversed(lines) if "result" in r), {})
+    return p.returncode, result, p.stderr
+
+
+def seed_wheels(shared_root: Path, root: Path) -> None:
+    """The toolchain's wheel files from the session's shared root (so nothing is downloaded again)."""
+    store = shared_root / "store"
+    for meta_path in (store / "entries").glob("*/meta.json"):
+        meta = json.loads(meta_path.read_text())
+        if meta.get("kind") == "unpacked":
+            digest = meta["wheel"]
+            dst = root / "store" / "blobs" / digest[:2] / digest
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.link(store / "blobs" / digest[:2] / digest, dst)
+
+
+def test_a_root_and_a_remote_cache_written_by_the_base_commit_are_read_unchanged(
+        tmp_path: Path, base_code: Path, shared_root: Path, index: LoopbackIndex, nginx: Nginx) -> None:
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "compat.cpp").write_text(SOURCE)
+    (project / "cuda-13.0-toolchain.txt").write_text((REPO / "manifests" / "cuda-13.0-toolchain.txt").read_text())
+    wheel = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(wheel.path)
+    (project / "env.txt").write_text(pip_lock_line(wheel))
+    recipe = project / "recipe.toml"
+    recipe.write_text(RECIPE)
+    root = tmp_path / "root"
+    seed_wheels(shared_root, root)
+    writer = {"PIP_INDEX_URL": index.simple_url, "HERMETIC_REMOTE_CACHE": nginx.writer_url,
+              "HERMETIC_REMOTE_CACHE_MODE": "rw"}
+
+    rc, old, err = hermetic(base_code, root, tmp_path / "home-a", "realize", recipe, env=writer)
+    assert rc == 0, err
+    assert old["counts"]["objects_compiled"] == 1 and old["changed"] is True  # type: ignore[index]
+    before = store_listing(root)
+    receipts = sorted((root / "receipts").iterdir())
+
+    # this checkout: a no-op that writes nothing, then a full pass that reuses everything and verifies clean
+    rc, noop, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, env={"PIP_NO_INDEX": "1"})
+    assert rc == 0, err
+    assert noop["changed"] is False and noop["receipt"] == old["receipt"]
+    assert store_listing(root) == before and sorted((root / "receipts").iterdir()) == receipts
+    rc, again, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, "--explain",
+                              env={"PIP_NO_INDEX": "1"})
+    assert rc == 0, err
+    counts = again["counts"]
+    assert "objects_compiled" not in counts and counts["objects_reused"] == 1 and counts["fetched"] == 0  # type: ignore[operator,index]
+    assert again["tree"] == old["tree"]
+    rc, verified, err = hermetic(None, root, tmp_path / "home-a", "verify")
+    assert rc == 0 and verified["problems"] == [], err
+    rc, shown, err = hermetic(None, root, tmp_path / "home-a", "show")
+    assert rc == 0 and "compat" in shown["roots"], err  # type: ignore[operator]
+
+    # an empty root at the same path, no index: the wheel, the object and the module come from the base
+    # commit's remote entries (the toolchain's wheels were never uploaded: they were not fetched there)
+    root.rename(tmp_path / "root-a")
+    seed_wheels(shared_root, root)
+    rc, fresh, err = hermetic(None, root, tmp_path / "home-b", "realize", recipe,
+                              env={"PIP_NO_INDEX": "1", "HERMETIC_REMOTE_CACHE": nginx.url})
+    assert rc == 0, err
+    counts = fresh["counts"]
+    assert "objects_compiled" not in counts and counts["objects_fetched-remote"] == 1, err  # type: ignore[operator,index]
+    assert counts["fetched"] == 1  # type: ignore[index]  # the alpha wheel, from the remote cache
+    receipt = json.loads(Path(str(fresh["receipt"])).read_text())
+    assert receipt["modules"][0]["sha256"] == json.loads(Path(str(old["receipt"]).replace(
+        str(root), str(tmp_path / "root-a"))).read_text())["modules"][0]["sha256"]
+    assert receipt["remote"]["modules_fetched"] == 1
