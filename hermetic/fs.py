@@ -1,6 +1,8 @@
 """Careful file-system primitives: the one place that hashes, writes atomically, links and locks.
 
-Nothing else in the package opens files for writing in the store; it calls these.
+Nothing outside this module and the store writes files by hand: they call these (tests/test_architecture.py
+fails on a write-mode ``open``, a rename, a ``shutil.copy*``, ``tempfile`` or ``Path.write_*`` elsewhere).
+Derived caches go through ``FingerprintCache``; their folders and versions are declared in ``root.CACHES``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hermetic.errors import PreconditionFailed
 
@@ -37,6 +39,56 @@ def sha256_file(path: Path) -> tuple[str, int]:
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+class TooLarge(Exception):
+    """More bytes arrived than the caller allowed (a bomb, a lying header): nothing past the limit is kept."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} bytes")
+        self.limit = limit
+
+
+def write_hashed(chunks: Iterable[bytes], path: Path | str, *, limit: int | None = None,
+                 progress: Callable[[int], None] | None = None, fresh: bool = True) -> tuple[str, int]:
+    """Write ``chunks`` to ``path``, hashing them on the way; (sha256, size). ``fresh``: the file must not exist
+    yet (else FileExistsError); otherwise it is an empty file made for this (``new_temp_file``). Past ``limit``
+    bytes: TooLarge, with what was written left for the caller to remove."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "xb" if fresh else "wb") as out:
+        for chunk in chunks:
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise TooLarge(limit)
+            h.update(chunk)
+            out.write(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return h.hexdigest(), size
+
+
+def chunks_of(stream: IO[bytes]) -> Iterator[bytes]:
+    while chunk := stream.read(CHUNK):
+        yield chunk
+
+
+def copy_hashed(stream: IO[bytes], path: Path | str, *, limit: int | None = None,
+                fresh: bool = True) -> tuple[str, int]:
+    """A stream into a file, hashed on the way (``write_hashed``)."""
+    return write_hashed(chunks_of(stream), path, limit=limit, fresh=fresh)
+
+
+def copy_file(src: Path | str, dst: Path | str) -> None:
+    """Bytes, permission bits and mtime (what ninja and the executable bit care about)."""
+    shutil.copy2(src, dst)
+
+
+def new_temp_file(directory: Path, prefix: str, suffix: str = "") -> Path:
+    """An empty file of a fresh name in ``directory``: the caller fills it, then moves it or removes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=suffix)
+    os.close(fd)
+    return Path(name)
 
 
 def fingerprint(path: Path | str) -> Fingerprint | None:
@@ -84,6 +136,20 @@ def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, durable: bool | 
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_output(path: Path) -> Iterator[Path]:
+    """A temp path beside ``path`` for a writer that wants a file name (a plot, an archive stream); renamed over
+    ``path`` when the block ends without an error, removed otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -167,19 +233,6 @@ def atomic_symlink(target: str, link: Path) -> bool:
     return True
 
 
-def cached_by_fingerprint(cache_dir: Path, path: Path, what: str, compute: Callable[[], str]) -> str:
-    """A fact about a file (a tool's answer, its hash), recomputed only when its stat fingerprint changes."""
-    cache = cache_dir / (sha256_bytes(f"{what}\0{path}".encode())[:24] + ".json")
-    fp = list(fingerprint(path) or [])
-    try:
-        rec = json.loads(cache.read_text())
-        if rec["fp"] == fp:
-            return str(rec["value"])
-    except (OSError, ValueError, KeyError):
-        pass
-    value = compute()
-    atomic_write(cache, canonical_json({"fp": fp, "value": value}), durable=False)
-    return value
 
 
 class FileLock:
@@ -220,6 +273,14 @@ class FileLock:
                 os.close(fd)
             raise
 
+    def note(self, text: str) -> None:
+        """Say in the held lock file who holds it (for the next one who waits): written through the lock's own
+        descriptor, so the file is never replaced under another waiter's lock."""
+        assert self.fd is not None, "note() on a lock not held"
+        data = text.encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
     def release(self) -> None:
         if self.fd is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -246,3 +307,93 @@ def scratch_file(directory: Path, prefix: str) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+@contextlib.contextmanager
+def scratch_dir(directory: Path, prefix: str) -> Iterator[Path]:
+    """A fresh folder inside ``directory``, removed with everything in it when the block ends."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(dir=directory, prefix=prefix))
+    try:
+        yield path
+    finally:
+        remove_tree(path)
+
+
+class FingerprintCache:
+    """A derived fact (a parsed lock, an interpreter's facts, a tool's answer) trusted while the stat
+    fingerprints of the files it was derived from are unchanged.
+
+    One record per key, ``<folder>/<sha256(key)[:24]>.json``: the key, the fingerprint of every input and the
+    value. ``folder`` is a bucket of ``root.CACHES`` (its name carries its format version, so a format change is
+    a new folder and the old one is garbage for gc). Caches are never the only copy of anything: a damaged or
+    stale record is a miss.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _path(self, key: str) -> Path:
+        return self.folder / (sha256_bytes(key.encode())[:24] + ".json")
+
+    def get(self, key: str) -> Any:
+        """The value stored under ``key`` while every input it names still has its fingerprint; else None."""
+        try:
+            rec = json.loads(self._path(key).read_bytes())
+            if rec["key"] != key:
+                return None
+            for path, fp in rec["inputs"].items():
+                if fingerprint(path) != (tuple(fp) if fp is not None else None):
+                    return None
+            return rec["value"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, value: Any, inputs: Sequence[Path | str] = ()) -> None:
+        """Store ``value`` under ``key``, valid while each of ``inputs`` keeps the fingerprint it has now."""
+        record = {"key": key, "inputs": {str(p): fingerprint(p) for p in inputs}, "value": value}
+        data = canonical_json(record)
+        path = self._path(key)
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == data:
+                return  # unchanged: a no-op writes nothing
+        atomic_write(path, data, durable=False)
+
+    def cached(self, key: str, inputs: Sequence[Path | str], compute: Callable[[], Any]) -> Any:
+        found = self.get(key)
+        if found is None:
+            found = compute()
+            self.put(key, found, inputs)
+        return found
+
+
+class FingerprintTable:
+    """One derived fact per file for thousands of files (the hashes of every compile input), in one record file
+    read once and written once: each fact is trusted while its file keeps the fingerprint it had. The same rule
+    as ``FingerprintCache``, laid out for many small facts read together."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            loaded = json.loads(path.read_bytes())
+            self.facts: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
+        except (OSError, ValueError):
+            self.facts = {}
+        self.dirty = False
+
+    def get(self, file: str) -> tuple[Fingerprint | None, Any]:
+        """(the file's fingerprint now, its fact if that fingerprint is the recorded one, else None)."""
+        fp = fingerprint(file)
+        rec = self.facts.get(file)
+        if fp is None or rec is None or rec[0] != list(fp):
+            return fp, None
+        return fp, rec[1]
+
+    def put(self, file: str, fp: Fingerprint, fact: Any) -> None:
+        self.facts[file] = [list(fp), fact]
+        self.dirty = True
+
+    def save(self) -> None:
+        if self.dirty:
+            atomic_write(self.path, canonical_json(self.facts), durable=False)
+            self.dirty = False

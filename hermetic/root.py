@@ -10,9 +10,37 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hermetic import fs
 from hermetic.errors import BadInput
 
 ROOT_MARKER = "HERMETIC_ROOT"
+
+
+class Cache:
+    """A bucket of derived facts under ``state/``, as uv-cache's CacheBucket: its folder carries its format
+    version (``<name>-v<version>``), so a format change is a new folder and the old one is garbage. (A plain
+    class: every command imports this table, and a dataclass costs its import more than the rest of it.)"""
+
+    __slots__ = ("name", "version", "holds")
+
+    def __init__(self, name: str, version: int, holds: str) -> None:
+        self.name, self.version, self.holds = name, version, holds
+
+    @property
+    def folder(self) -> str:
+        return f"{self.name}-v{self.version}"
+
+
+# Every derived cache, in one table. All are safe to delete: each is re-derived (more slowly) when missing.
+CACHES = {c.name: c for c in (
+    Cache("realize", 1, "no-op records: the fingerprints of a realize's inputs and what it produced"),
+    Cache("locks", 1, "parsed locks, while the lock file and the interpreter are unchanged"),
+    Cache("interpreters", 3, "host interpreter facts (qualification), while the interpreter and torch are unchanged"),
+    Cache("tools", 1, "tools' answers (nvcc --version, g++ -dumpfullversion) and their binaries' hashes"),
+    Cache("hashes", 1, "content hashes of compile inputs, while each input is unchanged"),
+    Cache("imports", 1, "the import check of each environment tree that passed it"),
+    Cache("builds", 1, "the certificate of each module's last build, for --explain"),
+)}
 
 
 @dataclass(frozen=True)
@@ -48,8 +76,14 @@ class Root:
 
     @property
     def state(self) -> Path:
-        """Caches of derived facts (stat fingerprints, interpreter facts); safe to delete."""
+        """Caches of derived facts (``CACHES``); safe to delete."""
         return self.path / "state"
+
+    def cache_dir(self, name: str) -> Path:
+        return self.state / CACHES[name].folder
+
+    def cache(self, name: str) -> fs.FingerprintCache:
+        return fs.FingerprintCache(self.cache_dir(name))
 
     @property
     def tmp(self) -> Path:
@@ -64,7 +98,7 @@ class Root:
             d.mkdir(parents=True, exist_ok=True)
         marker = self.path / ROOT_MARKER
         if not marker.exists():
-            marker.write_text("This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n")
+            fs.atomic_write(marker, b"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n")
 
     def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for child processes: every home, temp and cache they may write points inside."""

@@ -11,8 +11,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from tests.conftest import REPO, Hermetic, make_pkg, pip_lock_line, write_recipe
+from tests.support.cli import REPO, Hermetic
 from tests.support.index import LoopbackIndex
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 
 PACKAGE = REPO / "hermetic"
 
@@ -21,7 +22,7 @@ PACKAGE = REPO / "hermetic"
 RANK = {
     "__main__": 100, "cli": 90, "run": 80, "realize": 70, "remote": 60, "build": 50, "wheels": 40, "fetch": 35,
     "locks": 30, "store": 20, "recipe": 15, "keys": 12, "audit": 10, "procs": 10, "reporter": 10, "tomlutil": 10,
-    "urls": 10, "fs": 5, "root": 5, "errors": 0,
+    "urls": 10, "root": 6, "fs": 5, "errors": 0,
 }
 
 # What a no-op realize imports (tests/test_architecture.py::test_noop_realize_imports_no_more_than_before): every
@@ -211,3 +212,55 @@ def test_package_is_typed() -> None:
     assert (PACKAGE / "py.typed").is_file()
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["hermetic"]
     assert os.path.getsize(PACKAGE / "py.typed") == 0
+
+
+# Who may write files by hand: fs (the primitives) and the store (its own files). Everyone else calls them.
+WRITERS = {"hermetic/fs.py"}
+WRITER_ROOMS = ("hermetic/store/",)
+# The few other writers, each with its reason.
+WRITE_ALLOWED = {
+    "hermetic/run/child.py": "the measuring process imports nothing from hermetic (it runs in the host "
+                             "interpreter inside the realized environment); it writes its results file once",
+    "hermetic/run/pipeline.py": "the worker's log, written line by line while the child prints: a growing log "
+                                "cannot be written atomically",
+}
+
+
+def _writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every hand-made write: a write-mode open, os.replace/rename, shutil.copy*, tempfile.*,
+    Path.write_text/write_bytes."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = ast.unparse(f)
+        if isinstance(f, ast.Name) and f.id == "open" or isinstance(f, ast.Attribute) and f.attr in ("open", "fdopen"):
+            # open(path, mode) and os.fdopen(fd, mode); Path.open(mode)
+            positional = 0 if isinstance(f, ast.Attribute) and f.attr == "open" and ast.unparse(f.value) != "os" else 1
+            mode = node.args[positional] if len(node.args) > positional else None
+            mode = next((k.value for k in node.keywords if k.arg == "mode"), mode)
+            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+                found.append((node.lineno, f"{name}(..., {mode.value!r})"))
+        elif name in ("os.replace", "os.rename", "os.renames") or name.startswith(("shutil.copy", "tempfile.")) \
+                or isinstance(f, ast.Attribute) and f.attr in ("write_text", "write_bytes"):
+            found.append((node.lineno, name))
+    return found
+
+
+def test_writes_by_hand_only_in_fs_and_the_store() -> None:
+    offenders = []
+    for path in modules().values():
+        rel = path.relative_to(REPO).as_posix()
+        if rel in WRITERS or rel.startswith(WRITER_ROOMS) or rel in WRITE_ALLOWED:
+            continue
+        offenders += [f"{rel}:{line}: {what}" for line, what in _writes(ast.parse(path.read_text()))]
+    assert not offenders, "write through hermetic.fs or the store instead:\n" + "\n".join(offenders)
+
+
+def test_the_write_check_sees_each_kind_of_write() -> None:
+    code = ("open(p, 'w')\nopen(p, mode='ab')\nPath(p).open('x')\nos.replace(a, b)\nshutil.copyfile(a, b)\n"
+            "tempfile.mkstemp()\np.write_text('x')\nos.fdopen(fd, 'wb')\nopen(p)\nopen(p, 'rb')\nPath(p).open()\n")
+    assert [line for line, _ in _writes(ast.parse(code))] == [1, 2, 3, 4, 5, 6, 7, 8]
+    for rel in WRITE_ALLOWED:  # an allowed writer that no longer writes leaves the list
+        assert _writes(ast.parse((REPO / rel).read_text())), rel

@@ -16,15 +16,17 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, store_listing, tree_snapshot
+from hermetic.root import Root
+from tests.support import cli
 from tests.support.builds import DATA, Project
+from tests.support.cli import REPO
+from tests.support.trees import store_listing, tree_snapshot
 
 P2P = REPO / "recipes" / "p2p.toml"
 
 
-def _hermetic(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *args], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})}, cwd=REPO, timeout=900)
+def _hermetic(root: Path, *args: str, env: dict[str, str] | None = None) -> cli.Result:
+    return cli.run(root, *args, env={**os.environ, **(env or {})})
 
 
 def _tripwire(folder: Path) -> tuple[dict[str, str], Path]:
@@ -83,7 +85,7 @@ def test_second_realize_compiles_nothing_imports_no_torch_rewrites_nothing(p2p_r
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(f"open({str(tmp_path / 'torch-imported')!r}, 'w').close()\n"
                                                 "raise ImportError('the no-op imported torch')\n")
-    imports_cache = sorted((root / "state" / "imports").iterdir())
+    imports_cache = sorted(Root(root).cache_dir("imports").iterdir())
     stamps = [p.stat().st_mtime_ns for p in imports_cache]
     t0 = time.perf_counter()
     p = _hermetic(root, "realize", str(P2P), "--json", env={"PYTHONPATH": str(fake)})

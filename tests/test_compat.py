@@ -1,11 +1,14 @@
-"""What an earlier hermetic wrote is read unchanged: its store, its receipts, its no-op records and the entries
-it put in a remote cache.
+"""What an earlier hermetic wrote is read unchanged: its store, its receipts, its gc roots and the entries it
+put in a remote cache.
 
 ``COMPAT_BASE`` is the newest commit whose formats this code must read as they are. The code of that commit
 (``git archive``) realizes a small recipe that builds (a C++ extension and a wheel from a loopback index)
-into a root with a read-write remote cache; this checkout must then find that root a no-op, reuse every
-object and module in it, verify it clean, and fill an empty root at the same path from the remote alone.
-Move COMPAT_BASE forward only with a deliberate format change (and a format bump or salt that says so).
+into a root with a read-write remote cache. This checkout's first realize there fetches, compiles and links
+nothing and rewrites no file of the store; it may re-derive the caches under state/ once (they are caches,
+versioned by folder: root.CACHES), and so certify the build again; its second realize is a no-op that
+writes nothing at all. It reuses every object and module, verifies the root clean, and fills an empty root
+at the same path from the remote alone. Move COMPAT_BASE forward only with a deliberate format change of
+the store, the receipts or the remote entries (and a format bump or salt that says so).
 """
 
 from __future__ import annotations
@@ -13,15 +16,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, make_pkg, pip_lock_line, store_listing
+from tests.support import cli
+from tests.support.cli import REPO, hermetic_env
 from tests.support.index import LoopbackIndex
 from tests.support.nginx import Nginx
+from tests.support.recipes import make_pkg, pip_lock_line, recipe_toml
+from tests.support.trees import listing, store_listing
 
 # the last commit of the flat layout (before the package moved into rooms): behaviour and formats unchanged
 COMPAT_BASE = "a83e1f0c38ebfb6c596c6bc80a1a7973610b37c7"
@@ -34,26 +39,8 @@ static struct PyModuleDef compat_module = {PyModuleDef_HEAD_INIT, "compat_ext", 
 PyMODINIT_FUNC PyInit_compat_ext(void) { return PyModule_Create(&compat_module); }
 """
 
-RECIPE = """\
-[recipe]
-name = "compat"
-locks = ["env.txt"]
-
-[toolchain]
-cuda = "13.0"
-lock = "cuda-13.0-toolchain.txt"
-
-[sources.src]
-path = "src"
-
-[limits]
-jobs = 2
-
-[[extensions]]
-name = "compat_ext"
-source = "src"
-sources = ["*.cpp"]
-"""
+RECIPE = recipe_toml("compat", locks=["env.txt"], toolchain=True, sources={"src": "src"}, jobs=2,
+                     extensions=['name = "compat_ext"\nsource = "src"\nsources = ["*.cpp"]'])
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +68,9 @@ def nginx(tmp_path: Path) -> Iterator[Nginx]:
 def hermetic(code: Path | None, root: Path, home: Path, *args: str | Path,
              env: dict[str, str] | None = None) -> tuple[int, dict[str, object], str]:
     """``python -m hermetic`` from ``code`` (an old checkout) or this one; (exit code, result record, stderr)."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HERMETIC_", "PYTHONPATH"))}
-    full.update({"HOME": str(home), "PIP_CONFIG_FILE": os.devnull, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
-    if code is not None:
-        full["PYTHONPATH"] = str(code)
-    home.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *map(str, args), "--json"],
-                       capture_output=True, text=True, env=full, cwd=code or REPO, timeout=900)
-    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    result = next((r for r in reversed(lines) if "result" in r), {})
-    return p.returncode, result, p.stderr
+    p = cli.run(root, *args, "--json", env=hermetic_env(home, extra=env), code=code)
+    return p.rc, p.result, p.err
+
 
 
 def seed_wheels(shared_root: Path, root: Path) -> None:
@@ -127,11 +107,20 @@ def test_a_root_and_a_remote_cache_written_by_the_base_commit_are_read_unchanged
     before = store_listing(root)
     receipts = sorted((root / "receipts").iterdir())
 
-    # this checkout: a no-op that writes nothing, then a full pass that reuses everything and verifies clean
-    rc, noop, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, env={"PIP_NO_INDEX": "1"})
+    # this checkout: nothing fetched, compiled, linked or rewritten (new blobs at most: a certificate)...
+    rc, first, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, env={"PIP_NO_INDEX": "1"})
     assert rc == 0, err
-    assert noop["changed"] is False and noop["receipt"] == old["receipt"]
-    assert store_listing(root) == before and sorted((root / "receipts").iterdir()) == receipts
+    assert first["changed"] is False and first["receipt"] == old["receipt"] and first["tree"] == old["tree"]
+    assert first["counts"]["fetched"] == 0 and "objects_compiled" not in first["counts"]  # type: ignore[index,operator]
+    after = store_listing(root)
+    assert before.items() <= after.items(), "a file of the store was rewritten or removed"
+    assert all(p.startswith("blobs/") for p in set(after) - set(before)), sorted(set(after) - set(before))
+    assert sorted((root / "receipts").iterdir()) == receipts
+    # ... then a no-op that writes nothing anywhere in the root
+    whole = listing(root, skip=("store",)) | store_listing(root)
+    rc, noop, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, env={"PIP_NO_INDEX": "1"})
+    assert rc == 0 and noop["changed"] is False and noop["receipt"] == old["receipt"], err
+    assert listing(root, skip=("store",)) | store_listing(root) == whole
     rc, again, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, "--explain",
                               env={"PIP_NO_INDEX": "1"})
     assert rc == 0, err

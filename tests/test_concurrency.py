@@ -14,9 +14,13 @@ from pathlib import Path
 
 from hermetic.build.certificate import read_certificate
 from hermetic.store import Store
-from tests.conftest import REPO, Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
+from tests.support import cli
 from tests.support.builds import Project
+from tests.support.cli import REPO, Hermetic
 from tests.support.index import LoopbackIndex
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
+from tests.support.runs import SLOW_WORKER, run_hermetic, small_repo
+from tests.support.trees import tree_snapshot
 
 
 def test_four_realizes_at_once_build_each_entry_once(tmp_path: Path, hermetic: Hermetic,
@@ -24,9 +28,7 @@ def test_four_realizes_at_once_build_each_entry_once(tmp_path: Path, hermetic: H
     wheels = [make_pkg(tmp_path / "whl", f"pkg{i}", "1.0") for i in range(4)]
     index.add(*(w.path for w in wheels))
     recipe = write_recipe(tmp_path / "r", "conc", "".join(pip_lock_line(w) for w in wheels))
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(hermetic.root), "realize", str(recipe), "--json"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=hermetic.env, cwd=REPO) for _ in range(4)]
+    procs = [hermetic.popen("realize", recipe, "--json") for _ in range(4)]
     outputs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err for _out, err in outputs]
     records = [json.loads(line) for out, _err in outputs for line in out.splitlines()]
@@ -41,17 +43,11 @@ def test_four_realizes_at_once_build_each_entry_once(tmp_path: Path, hermetic: H
     assert hermetic("verify").rc == 0
 
 
-def _popen_realize(root: Path, recipe: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hermetic", "--root", str(root), "realize", str(recipe), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-
-
 def test_four_builds_at_once_compile_each_object_once(tmp_path: Path, shared_root: Path) -> None:
     proj = Project(tmp_path / "p", "conc4", shared_root)
     proj.edit("clock.cpp", "__TIME__", '"fixed"')  # else clock.cpp is never stored, so compiled by each
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(shared_root), "realize", str(proj.recipe), "--json",
-           "--explain"]  # --explain: each process says what it did with every object
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    # --explain: each process says what it did with every object
+    procs = [cli.popen(shared_root, "realize", proj.recipe, "--json", "--explain", env=dict(os.environ))
              for _ in range(4)]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _out, err in outputs]
@@ -111,7 +107,7 @@ def test_gc_between_plan_and_delete_never_deletes_what_a_realize_uses(tmp_path: 
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**hermetic.env, "GC_GO": str(go)}, cwd=REPO)
     assert gc.stderr is not None and gc.stderr.readline().strip() == "planned"
-    realize = _popen_realize(hermetic.root, recipe, hermetic.env)
+    realize = hermetic.popen("realize", recipe, "--json")
     try:
         realize.wait(timeout=3)  # unfixed, the realize finishes inside gc's window; fixed, it waits for gc
     except subprocess.TimeoutExpired:
@@ -141,9 +137,7 @@ def test_gc_in_a_loop_during_a_build(tmp_path: Path, shared_root: Path) -> None:
 
     def collect() -> None:
         while not stop.is_set():
-            p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "gc"], capture_output=True,
-                               text=True, cwd=REPO, timeout=300)
-            runs.append(p.returncode)
+            runs.append(cli.run(root, "gc", env=dict(os.environ), timeout=300).rc)
 
     thread = threading.Thread(target=collect)
     thread.start()
@@ -154,24 +148,20 @@ def test_gc_in_a_loop_during_a_build(tmp_path: Path, shared_root: Path) -> None:
         thread.join()
     assert done.result["ok"] is True and len(runs) >= 2 and set(runs) == {0}, runs
     assert set(done.decisions.values()) <= {"compiled", "compiled-uncacheable"}
-    res = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "verify"], capture_output=True,
-                         text=True, cwd=REPO, timeout=300)
+    res = cli.run(root, "verify", env=dict(os.environ), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_gc_during_a_run_never_deletes_what_it_measures(tmp_path: Path, shared_root: Path) -> None:
     """A `hermetic run` holds what it measures alive: while its worker waits at a gate, the recipe's root is
     dropped and gc collects; nothing the run uses goes, and the run finishes."""
-    from tests.test_run import SLOW_WORKER, _hermetic, _result, _small_repo
     locks = tmp_path / "locks"
     locks.mkdir()
-    h = _hermetic((shared_root, locks), tmp_path)
+    h = run_hermetic((shared_root, locks), tmp_path)
     h("realize", REPO / "recipes" / "p2p.toml", check=True)
     gate = tmp_path / "gate"
-    runner = _small_repo(tmp_path / "repo", SLOW_WORKER.format(gate=gate))
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(shared_root), "run", str(runner), "--device", "cpu",
-           "--json"]
-    run = subprocess.Popen(cmd, env=h.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = small_repo(tmp_path / "repo", SLOW_WORKER.format(gate=gate))
+    run = h.popen("run", runner, "--device", "cpu", "--json")
     try:
         while not any(f"pid {run.pid} " in p.read_text() for p in locks.glob("cpu-*.lock")):
             assert run.poll() is None, run.communicate()[1][-3000:]  # the run realized, pinned, then locked
@@ -188,5 +178,6 @@ def test_gc_during_a_run_never_deletes_what_it_measures(tmp_path: Path, shared_r
     assert h("verify").rc == 0
     again = h("realize", REPO / "recipes" / "p2p.toml", "--json", check=True)  # the root back, nothing rebuilt
     assert json.loads(again.out.splitlines()[-1])["counts"].get("objects_compiled", 0) == 0
-    result = _result(out)  # the worker imports from the trees the run pinned, not through the dropped profile
+    # the worker imports from the trees the run pinned, not through the dropped profile
+    result = cli.Result(run.returncode, out, err).result
     assert run.returncode == 0 and result["ok"], (err[-3000:], out[-3000:])

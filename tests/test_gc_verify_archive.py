@@ -6,8 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from tests.conftest import Hermetic, make_pkg, pip_lock_line, tree_snapshot, write_recipe
+from tests.support.cli import Hermetic
 from tests.support.index import LoopbackIndex, dead_url
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
+from tests.support.trees import tree_snapshot
 
 
 def _two_recipes(tmp_path: Path, index: LoopbackIndex) -> tuple[Path, Path]:

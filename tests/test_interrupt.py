@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.builds import REPO, Project
+from tests.support import cli
+from tests.support.builds import Project
 
 
 def _compilers_under(root: Path) -> list[int]:
@@ -34,8 +34,7 @@ def _compilers_under(root: Path) -> list[int]:
 def test_killing_hermetic_mid_compile_leaves_no_compiler(tmp_path: Path, shared_root: Path,
                                                          sig: signal.Signals) -> None:
     proj = Project(tmp_path / "p", f"kill{int(sig)}", shared_root)
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(shared_root), "realize", str(proj.recipe)]
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    p = cli.popen(shared_root, "realize", proj.recipe, env=dict(os.environ), output=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not _compilers_under(shared_root / "build" / proj.name) and not _compilers_under(shared_root / "tmp"):
         assert p.poll() is None and time.monotonic() < deadline, "no compiler started"

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from hermetic.store import Store
-from tests.support.builds import REPO, Project
+from tests.support import cli
+from tests.support.builds import Project
 
 
 def _verify(root: Path, n: int) -> tuple[int, dict[str, object]]:
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "verify", "--rebuild-sample",
-                        str(n), "--json"], capture_output=True, text=True, cwd=REPO, timeout=600)
+    p = cli.run(root, "verify", "--rebuild-sample", str(n), "--json", env=dict(os.environ), timeout=600)
     return p.returncode, json.loads(p.stdout.splitlines()[-1])
 
 
@@ -39,7 +38,7 @@ def test_rebuild_sample_finds_no_mismatch_then_catches_a_planted_object(tmp_path
     assert rc == 0 and {r["outcome"] for r in result["rebuilt"]} == {"same"}  # type: ignore[union-attr]
     store = Store(root / "store")
     name = next(e for e in store.iter_entries() if e.endswith("-obj-other.o"))
-    meta = store.entry_meta(name)
+    meta = store.object_record(name)
     argv = list(meta["command"])
     wrong = tmp_path / "wrong.o"
     argv[argv.index("-o") + 1] = str(wrong)
@@ -63,8 +62,7 @@ def test_gc_of_a_dropped_build_removes_its_objects_and_their_index(tmp_path: Pat
     Project(tmp_path / "p", "dropped", root).realize()
     index = root / "store" / "index"
     assert list(index.glob("*/*/*"))
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "gc", "--drop-root", "dropped"],
-                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    p = cli.run(root, "gc", "--drop-root", "dropped", env=dict(os.environ), timeout=600)
     assert p.returncode == 0, p.stderr
     store = Store(root / "store")
     assert not [e for e in store.iter_entries() if "-obj-" in e or "-mod-" in e]

@@ -8,15 +8,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import hermetic.audit as audit_mod
 from hermetic.audit import OutsideRootAudit
-from tests.support.reliability import REPO, TOOLCHAIN_LOCK, child_env
+from tests.support import cli
+from tests.support.cli import REPO
+from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
+from tests.support.reliability import child_env
 
 
 def _places(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
@@ -94,26 +95,6 @@ def test_the_default_places_and_the_cost(tmp_path: Path) -> None:
           f"{result['seconds']} s")
 
 
-RECIPE = """\
-[recipe]
-name = "{name}"
-
-[toolchain]
-cuda = "13.0"
-lock = "cuda-13.0-toolchain.txt"
-
-[sources.s]
-path = "src"
-
-[limits]
-jobs = 2
-
-[[extensions]]
-name = "audit_ext"
-source = "s"
-sources = ["*.cpp"]
-cflags = [{cflags}]
-"""
 MODULE = """#include <Python.h>
 static PyModuleDef d = {PyModuleDef_HEAD_INIT, "audit_ext", 0, -1, 0};
 PyMODINIT_FUNC PyInit_audit_ext(void) { return PyModule_Create(&d); }
@@ -125,13 +106,14 @@ def _realize_build(tmp_path: Path, root: Path, name: str, cflags: str) -> tuple[
     (folder / "src").mkdir(parents=True)
     (folder / "src" / "m.cpp").write_text(MODULE)
     shutil.copy(TOOLCHAIN_LOCK, folder)
-    (folder / "recipe.toml").write_text(RECIPE.format(name=name, cflags=cflags))
+    (folder / "recipe.toml").write_text(recipe_toml(
+        name, toolchain=True, sources={"s": "src"}, jobs=2,
+        extensions=[f'name = "audit_ext"\nsource = "s"\nsources = ["*.cpp"]\ncflags = [{cflags}]']))
     home, tmp = tmp_path / f"{name}-home", tmp_path / f"{name}-tmp"
     env = child_env(home, tmp)
     cwd = tmp_path / f"{name}-cwd"
     cwd.mkdir()
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "realize", str(folder / "recipe.toml"),
-                        "--json"], capture_output=True, text=True, env=env, cwd=cwd, timeout=900)
+    p = cli.run(root, "realize", folder / "recipe.toml", "--json", env=env, cwd=cwd)
     assert p.returncode == 0, p.stderr[-3000:]
     receipt = json.loads(Path(json.loads(p.stdout.splitlines()[-1])["receipt"]).read_text())
     return receipt["outside_root_audit"], home, tmp

@@ -15,9 +15,12 @@ import pytest
 
 from hermetic.build.certificate import read_certificate
 from hermetic.build.rebuild import normalized
+from hermetic.root import Root
 from hermetic.store import Store
+from tests.support import cli
 from tests.support.builds import Project, Realized
-from tests.support.reliability import REPO, child_env, hermetic, realize_toolchain, toolchain_wheels_from
+from tests.support.cli import REPO
+from tests.support.reliability import child_env, realize_toolchain, toolchain_wheels_from
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,7 @@ def flip_bit(path: Path, offset: int | None = None) -> None:
 
 
 def verify(root: Path) -> tuple[int, list[dict[str, str]], str]:
-    run = hermetic(root, "verify", "--json", env=dict(os.environ), cwd=REPO)
+    run = cli.run(root, "verify", "--json", env=dict(os.environ), cwd=REPO)
     return run.rc, run.result.get("problems", []), run.err
 
 
@@ -111,7 +114,7 @@ def test_a_flipped_certificate_is_reported_and_never_stands_for_a_realize(tmp_pa
     new = json.loads(Path(str(again.result["receipt"])).read_text())
     assert new["modules"][0]["certificate_blob"] != cert_blob
     assert read_certificate(store, new["modules"][0]["certificate_blob"])["module"] == "fixture_ext"
-    run = hermetic(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
+    run = cli.run(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
     assert run.rc == 0, run.err[-2000:]
     assert not store.blob_path(cert_blob).exists() and verify(root)[0] == 0
 
@@ -120,8 +123,7 @@ def test_a_flipped_certificate_written_again_is_healed_in_place(tmp_path: Path, 
     proj, _first = project(tmp_path, root, "cheal")
     touch_input(proj)
     proj.realize()  # every object reused: the certificate of a reuse (the build's last, in state/builds)
-    state = root / "state" / "builds" / "cheal.base.fixture_ext.json"
-    cert_blob = json.loads(state.read_text())["certificate"]
+    cert_blob = Root(root).cache("builds").get("cheal.base.fixture_ext")
     path = Store(root / "store").blob_path(cert_blob)
     flip_bit(path, offset=len(path.read_bytes()) - 3)
     assert verify(root)[0] == 1
@@ -141,7 +143,7 @@ def test_a_replaced_materialized_file_is_reported_and_repaired(root: Path) -> No
     os.chmod(header.parent, folder_mode)
     rc, problems, _err = verify(root)
     assert rc == 1 and any(p["kind"] == "tree" and "cuda_runtime_api.h" in p["what"] for p in problems)
-    run = hermetic(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
+    run = cli.run(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
     assert run.rc == 0, run.err[-2000:]
     assert header.read_bytes() == good
     assert verify(root)[0] == 0
@@ -161,7 +163,7 @@ def test_a_damaged_entry_record_fails_clearly_then_repair_mends(tmp_path: Path, 
     res = proj.realize(check=False)
     assert res.rc == 1 and "Traceback" not in res.err, res.err[-3000:]
     assert src_entry in res.err and "verify --repair" in res.err
-    run = hermetic(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
+    run = cli.run(root, "verify", "--repair", "--json", env=dict(os.environ), cwd=REPO)
     assert run.rc == 0, run.err[-2000:]
     assert proj.realize().result["ok"] is True
     assert first.result["tree"]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Hermetic, pip_lock_line, write_recipe
-from tests.support.hostile import store_listing
+from tests.support.cli import Hermetic
 from tests.support.index import LoopbackIndex
+from tests.support.recipes import pip_lock_line, write_recipe
+from tests.support.trees import store_listing
 from tests.support.wheels import build_wheel
 
 

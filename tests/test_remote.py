@@ -35,9 +35,11 @@ from hermetic.remote.layout import Sharing, objects_key
 from hermetic.remote.settings import RemoteOptions, RemoteSettings, resolve_settings
 from hermetic.reporter import Reporter
 from hermetic.store import STORE_FORMAT, Store, entry_name
-from tests.conftest import REPO
+from tests.support import cli
 from tests.support.builds import DATA, Project
+from tests.support.cli import hermetic_env
 from tests.support.nginx import PASSWORD, WRITER, Nginx, nginx_binary
+from tests.support.recipes import recipe_toml
 
 pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
 
@@ -65,15 +67,11 @@ class Run:
 def realize(root: Path, recipe: Path, home: Path, *args: str, env: dict[str, str] | None = None,
             wait: bool = True) -> Run | subprocess.Popen[str]:
     """The real CLI as another machine would run it: its own HOME, no pip configuration, no index."""
-    home.mkdir(parents=True, exist_ok=True)
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "HERMETIC_"))}
-    full.update({"HOME": str(home), "PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1",
-                 "PYTHONDONTWRITEBYTECODE": "1", **(env or {})})
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(root), "realize", str(recipe), "--json", *args]
+    full = hermetic_env(home, pip="offline", extra=env)
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full, cwd=REPO)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=full, cwd=REPO, timeout=900)
-    return _finish(root, p.returncode, p.stdout, p.stderr)
+        return cli.popen(root, "realize", recipe, "--json", *args, env=full)
+    p = cli.run(root, "realize", recipe, "--json", *args, env=full)
+    return _finish(root, p.rc, p.out, p.err)
 
 
 def _finish(root: Path, rc: int, out: str, err: str) -> Run:
@@ -222,8 +220,7 @@ def _unzstd(p: Path) -> bytes:
 
 def _drop_objects(root: Path) -> None:
     """Forget the recipe and collect: the toolchain stays (its profile is a root), objects and modules go."""
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "gc", "--drop-root", "remotefix"],
-                       capture_output=True, text=True, cwd=REPO)
+    p = cli.run(root, "gc", "--drop-root", "remotefix", env=dict(os.environ))
     assert p.returncode == 0, p.stderr
     assert not list((root / "store" / "entries").glob("*-obj-*"))
 
@@ -463,19 +460,18 @@ def test_settings_come_from_the_command_line_then_the_environment_then_the_recip
 
 def test_bad_remote_settings_are_bad_input(tmp_path: Path) -> None:
     recipe = tmp_path / "r.toml"
-    recipe.write_text('[recipe]\nname = "r"\nlocks = ["l.txt"]\n\n[remote]\nurl = "https://u:hunter2@cache.example/c"\n')
+    recipe.write_text(recipe_toml("r", locks=["l.txt"], extra='[remote]\nurl = "https://u:hunter2@cache.example/c"'))
     (tmp_path / "l.txt").write_text("")
     root = tmp_path / "root"
 
-    def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), "realize", str(recipe), *args],
-                              capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})})
+    def realize_it(*args: str, env: dict[str, str] | None = None) -> cli.Result:
+        return cli.run(root, "realize", recipe, *args, env={**os.environ, **(env or {})})
 
-    bad_url = cli("--remote-cache", "ftp://u:hunter2@cache.example/c")
+    bad_url = realize_it("--remote-cache", "ftp://u:hunter2@cache.example/c")
     assert bad_url.returncode == 2 and "--remote-cache" in bad_url.stderr and "not an http(s) URL" in bad_url.stderr
-    bad_mode = cli(env={"HERMETIC_REMOTE_CACHE_MODE": "sometimes"})
+    bad_mode = realize_it(env={"HERMETIC_REMOTE_CACHE_MODE": "sometimes"})
     assert bad_mode.returncode == 2 and "HERMETIC_REMOTE_CACHE_MODE" in bad_mode.stderr
-    in_recipe = cli()
+    in_recipe = realize_it()
     assert in_recipe.returncode == 2 and f"{recipe}:6: key remote.url" in in_recipe.stderr
     assert "credentials" in in_recipe.stderr
     for p in (bad_url, bad_mode, in_recipe):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,60 +20,9 @@ import pytest
 from hermetic.errors import BadInput
 from hermetic.run.gpu import GpuFacts, check_preconditions
 from hermetic.run.spec import load_runner
-from tests.conftest import REPO, Hermetic
-
-SMALL = """\
-[runner]
-name = "small"
-states = "states.json"
-digests = "digests"
-
-[worker]
-entry = "{worker}:make_worker"
-params = {{ hidden = 64, intermediate = 128, vocab = 256 }}
-
-[kernels]
-torch = ""
-
-[cpu]
-realize = ["../recipes/p2p.toml"]
-kernels = ["torch"]
-threads = 1
-memory = "{memory}"
-address_space = "32G"
-
-[gpu]
-realize = ["../recipes/p2p.toml"]
-kernels = ["torch"]
-
-[protocol]
-repetitions = 3
-calls = 3
-warmup_calls = 1
-warmup_seconds = 0
-aa_cell = "greedy-b2"
-
-[checks]
-depths = [4]
-batches = [1, 2]
-
-[[cells]]
-name = "greedy-b2"
-graph = "original"
-depth = 4
-batch = 2
-
-[[cells]]
-name = "mixed-b2"
-graph = "switch"
-depth = 4
-batch = 2
-mask = "alternate"
-
-[[compare]]
-a = "greedy-b2"
-b = "mixed-b2"
-"""
+from tests.support import cli
+from tests.support.cli import REPO, Hermetic, hermetic_env
+from tests.support.runs import SLOW_WORKER, run_hermetic, small_repo
 
 ULP_WORKER = """\
 import torch
@@ -112,66 +60,20 @@ def make_worker(ctx):
     return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
 """
 
-SLOW_WORKER = """\
-import os, time
-from draft_worker import DraftWorker, load_states  # noqa: F401
-
-
-def make_worker(ctx):
-    gate = os.environ.get("HERMETIC_TEST_GATE") or "{gate}"
-    deadline = time.monotonic() + 300
-    while not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
-"""
-
-
 @pytest.fixture(scope="module")
 def run_root(shared_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The shared root with the P2P extension realized, and a lock folder of the tests' own."""
     locks = tmp_path_factory.mktemp("locks")
-    h = Hermetic(shared_root, tmp_path_factory.mktemp("home"), None)
+    h = Hermetic(shared_root, hermetic_env(tmp_path_factory.mktemp("home")))
     h("realize", REPO / "recipes" / "p2p.toml", check=True)
     return shared_root, locks
 
 
-def _small_repo(base: Path, worker_source: str | None = None, *, memory: str = "6G") -> Path:
-    """A throw-away repository: the p2p recipe and its lock, the reference worker, a small runner."""
-    shutil.copytree(REPO / "recipes" / "p2p", base / "recipes" / "p2p")
-    shutil.copy(REPO / "recipes" / "p2p.toml", base / "recipes" / "p2p.toml")
-    (base / "manifests").mkdir()
-    shutil.copy(REPO / "manifests" / "cuda-13.0-toolchain.txt", base / "manifests")
-    rdir = base / "runner"
-    rdir.mkdir()
-    shutil.copy(REPO / "runner" / "draft_worker.py", rdir)
-    worker = "draft_worker.py"
-    if worker_source is not None:
-        (rdir / "variant_worker.py").write_text(worker_source)
-        worker = "variant_worker.py"
-    subprocess.run([sys.executable, str(REPO / "runner" / "make_states.py"), "--hidden", "64", "--vocab", "256",
-                    "--out", str(rdir / "states.json")], check=True, capture_output=True)
-    (rdir / "runner.toml").write_text(SMALL.format(worker=worker, memory=memory))
-    return rdir / "runner.toml"
-
-
-def _hermetic(run_root: tuple[Path, Path], tmp: Path) -> Hermetic:
-    root, locks = run_root
-    home = tmp / "home"
-    home.mkdir(exist_ok=True)
-    h = Hermetic(root, home, None)
-    h.env["HERMETIC_LOCK_DIR"] = str(locks)
-    return h
-
-
-def _result(out: str) -> dict:
-    return next(json.loads(line) for line in out.splitlines() if '"result"' in line)
-
-
 def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -> None:
-    h = _hermetic(run_root, tmp_path)
+    h = run_hermetic(run_root, tmp_path)
     r = h("run", REPO / "runner" / "worker.toml", "--device", "cpu", "--json")
     assert r.rc == 0, r.err[-3000:]
-    res = _result(r.out)
+    res = r.result
     assert res["ok"] and res["status"] == "ok"
     receipt = json.loads(Path(res["receipt"]).read_text())
     run_dir = Path(res["run_dir"])
@@ -200,8 +102,8 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
 
 
 def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path], tmp_path: Path) -> None:
-    runner = _small_repo(tmp_path / "repo", ULP_WORKER)
-    r = _hermetic(run_root, tmp_path)("run", runner, "--device", "cpu")
+    runner = small_repo(tmp_path / "repo", ULP_WORKER)
+    r = run_hermetic(run_root, tmp_path)("run", runner, "--device", "cpu")
     assert r.rc == 1, r.err[-3000:]
     assert "drifted: all-greedy confidence" in r.err and "row=0" in r.err
     run_dir = Path(r.err.split("results in ")[1].split(",")[0])
@@ -213,8 +115,8 @@ def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path],
 
 
 def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path: Path) -> None:
-    runner = _small_repo(tmp_path / "repo")
-    h = _hermetic(run_root, tmp_path)
+    runner = small_repo(tmp_path / "repo")
+    h = run_hermetic(run_root, tmp_path)
     first = h("run", runner, "--device", "cpu", "--record-digests")
     assert first.rc == 0, first.err[-3000:]
     (ref,) = (runner.parent / "digests").glob("cpu-*.txt")
@@ -228,10 +130,10 @@ def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path
 
 
 def test_the_memory_guard_stops_a_worker_past_its_limit(run_root: tuple[Path, Path], tmp_path: Path) -> None:
-    runner = _small_repo(tmp_path / "repo", HUNGRY_WORKER, memory="1500M")
-    r = _hermetic(run_root, tmp_path)("run", runner, "--device", "cpu", "--json")
+    runner = small_repo(tmp_path / "repo", HUNGRY_WORKER, memory="1500M")
+    r = run_hermetic(run_root, tmp_path)("run", runner, "--device", "cpu", "--json")
     assert r.rc == 1, r.err[-3000:]
-    res = _result(r.out)
+    res = r.result
     receipt = json.loads(Path(res["receipt"]).read_text())
     guard = receipt["memory_guard"]
     assert guard["tripped"] and guard["stopped"]["rss"] > guard["limit"] == 1500 << 20
@@ -242,10 +144,9 @@ def test_the_memory_guard_stops_a_worker_past_its_limit(run_root: tuple[Path, Pa
 
 def test_a_second_run_waits_for_the_lock_then_gives_up(run_root: tuple[Path, Path], tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    runner = _small_repo(tmp_path / "repo", SLOW_WORKER.format(gate=gate))
-    h = _hermetic(run_root, tmp_path)
-    cmd = [sys.executable, "-m", "hermetic", "--root", str(run_root[0]), "run", str(runner), "--device", "cpu"]
-    first = subprocess.Popen(cmd, env=h.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = small_repo(tmp_path / "repo", SLOW_WORKER.format(gate=gate))
+    h = run_hermetic(run_root, tmp_path)
+    first = h.popen("run", runner, "--device", "cpu")
     try:
         lock = next(iter(run_root[1].glob("cpu-*.lock")), None)
         deadline = time.monotonic() + 120
@@ -276,7 +177,7 @@ def test_a_second_run_waits_for_the_lock_then_gives_up(run_root: tuple[Path, Pat
      "leaves the repository"),
 ])
 def test_bad_runner_files_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
-    runner = _small_repo(tmp_path / "repo")
+    runner = small_repo(tmp_path / "repo")
     text = runner.read_text()
     assert edit[0] in text
     runner.write_text(text.replace(edit[0], edit[1], 1))
@@ -287,10 +188,9 @@ def test_bad_runner_files_name_file_line_and_key(tmp_path: Path, edit: tuple[str
 
 
 def test_bad_runner_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    runner = _small_repo(tmp_path / "repo")
+    runner = small_repo(tmp_path / "repo")
     runner.write_text(runner.read_text().replace("calls = 3", "calls = -1"))
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(tmp_path / "root"), "run", str(runner)],
-                       capture_output=True, text=True, cwd=REPO)
+    p = cli.run(tmp_path / "root", "run", runner, env=hermetic_env(pip="machine"))
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert f"{runner}:" in p.stderr and "protocol.calls" in p.stderr
     assert not (tmp_path / "root").exists() or not any((tmp_path / "root").rglob("*.json"))

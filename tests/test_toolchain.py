@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, tree_snapshot
+from tests.support import cli
+from tests.support.cli import REPO
 from tests.support.index import dead_url
+from tests.support.trees import tree_snapshot
 
 RECIPE = REPO / "recipes" / "toolchain.toml"
 
 
-def _run(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *args],
-                          capture_output=True, text=True, env=full, cwd=REPO, timeout=900)
+def _run(root: Path, *args: str, env: dict[str, str] | None = None) -> cli.Result:
+    return cli.run(root, *args, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -6,34 +6,70 @@ Stored zstd-compressed as a blob; the receipt holds the sha256 of its uncompress
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import zstandard
 
 from hermetic.build.host import host_identity
-from hermetic.build.objects import Decision, stored_blob
+from hermetic.build.objects import ObjectChoice, stored_blob
 from hermetic.build.plan import BuildPlan
 from hermetic.recipe import Recipe, Variant
 from hermetic.store import Store
+from hermetic.store.records import HostIdentity, InputHash, Producer, ToolchainId
+
+CERTIFICATE_FORMAT = 1
+
+
+class ModuleBuild(TypedDict):
+    decision: str                       # linked, reused, fetched-remote
+    entry: str
+    producer_certificate: str | None    # the certificate of the build that linked it elsewhere
+    remote: dict[str, str] | None       # the remote cache's URL and mode (no credentials)
+
+
+class CertifiedObject(TypedDict):
+    source: str
+    object: str                         # its path in the build folder
+    decision: str
+    entry: str | None
+    key: str | None
+    digest: str | None
+    blob: str | None
+    waived: list[str]
+    reason: str
+    first_built_by: Producer | None
+    inputs: list[InputHash]
+
+
+class Certificate(TypedDict):
+    format: int
+    recipe: str
+    variant: str
+    module: str
+    host: HostIdentity
+    toolchain: ToolchainId
+    module_sha256: str
+    link: list[str]
+    module_build: ModuleBuild
+    objects: list[CertifiedObject]
 
 
 def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[str, Any],
-                 toolchain_id: dict[str, Any], decisions: list[Decision], so_digest: str,
-                 module: dict[str, Any]) -> dict[str, Any]:
-    objects = []
-    for d in decisions:
-        meta = d.meta or {}
+                toolchain_id: ToolchainId, choices: list[ObjectChoice], so_digest: str,
+                module: ModuleBuild) -> Certificate:
+    objects: list[CertifiedObject] = []
+    for d in choices:
+        rec = d.record
         objects.append({"source": d.compile.rel, "object": d.compile.object, "decision": d.decision,
-                        "entry": d.entry, "key": meta.get("key"), "digest": meta.get("object"),
-                        "blob": stored_blob(meta) if meta.get("object") else None,
-                        "waived": d.waived, "reason": d.reason, "first_built_by": meta.get("built_by"),
-                        "inputs": meta.get("inputs", [])})
-    return {"format": 1, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
+                        "entry": d.entry, "key": rec["key"] if rec else None,
+                        "digest": rec["object"] if rec else None, "blob": stored_blob(rec) if rec else None,
+                        "waived": d.waived, "reason": d.reason, "first_built_by": rec["built_by"] if rec else None,
+                        "inputs": rec["inputs"] if rec else []})
+    return {"format": CERTIFICATE_FORMAT, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
             "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
             "link": list(plan.link_argv), "module_build": module, "objects": objects}
 
 
-def read_certificate(store: Store, blob: str) -> dict[str, Any]:
+def read_certificate(store: Store, blob: str) -> Certificate:
     data = zstandard.ZstdDecompressor().decompress(store.blob_path(blob).read_bytes(), max_output_size=1 << 31)
-    cert: dict[str, Any] = json.loads(data)
-    return cert
+    return cast(Certificate, json.loads(data))

@@ -4,7 +4,6 @@ rest with ninja under the recipe's limits, link, and write the build's certifica
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -17,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import zstandard
 
 from hermetic import fs
-from hermetic.build.certificate import certificate, read_certificate
+from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
 from hermetic.build.host import host_identity
-from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, producer_record
+from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, ObjectChoice, producer_record
 from hermetic.build.plan import BuildPlan, Compile, plan_extension
 from hermetic.build.toolchain import ToolchainInfo
 from hermetic.errors import WorkFailed
@@ -28,7 +27,8 @@ from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Recipe, Variant
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import Store, entry_name
+from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name, entry_ref
+from hermetic.store.records import ObjectRecord, ToolchainId
 
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
@@ -47,12 +47,12 @@ class BuiltModule:
     digest: str                    # sha256 of the module file
     certificate: str               # sha256 of the certificate's uncompressed bytes
     certificate_blob: str          # blob holding the zstd-compressed certificate
-    decisions: list[Decision] = field(default_factory=list)
+    choices: list[ObjectChoice] = field(default_factory=list)
     linked: bool = False
 
     def counts(self) -> dict[str, int]:
-        c: dict[str, int] = {"objects": len(self.decisions)}
-        for d in self.decisions:
+        c: dict[str, int] = {"objects": len(self.choices)}
+        for d in self.choices:
             c[d.decision] = c.get(d.decision, 0) + 1
         return c
 
@@ -67,7 +67,7 @@ def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
 
 
 def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
-                    facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: dict[str, Any],
+                    facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: ToolchainId,
                     src_root: Path, tree_files: list[str], reporter: Reporter,
                     share: ObjectShare | None = None) -> BuiltModule:
     build_dir = root.path / "build" / recipe.name / variant.name / ext.name
@@ -77,35 +77,35 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
                           build_dir)
     env = build_env(root, tc)
     cache = ObjectCache(root, store, toolchain_id, env)
-    decisions = [cache.find(c) for c in plan.compiles]
+    choices = [cache.find(c) for c in plan.compiles]
     if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
-        fetched = share.fetch_objects(cache, [d.compile for d in decisions if d.decision == "compiled"])
-        for i, d in enumerate(decisions):
-            if d.compile.rel in fetched and (found := cache.find(d.compile)).decision != "compiled":
-                found.decision = "fetched-remote"
-                decisions[i] = found
-    state = root.state / "builds" / f"{recipe.name}.{variant.name}.{ext.name}.json"
-    previous = _previous_objects(store, state)
-    for d in decisions:  # say which key component changed, where find() only knows that none matched
-        if d.decision == "compiled" and d.reason in (NO_MATCH, INPUT_CHANGED):
+        fetched = share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
+        for i, d in enumerate(choices):
+            if d.compile.rel in fetched and (found := cache.find(d.compile)).decision is not Decision.COMPILED:
+                found.decision = Decision.FETCHED_REMOTE
+                choices[i] = found
+    last_build = f"{recipe.name}.{variant.name}.{ext.name}"
+    previous = _previous_objects(store, root.cache("builds").get(last_build))
+    for d in choices:  # say which key component changed, where find() only knows that none matched
+        if d.decision is Decision.COMPILED and d.reason in (NO_MATCH, INPUT_CHANGED):
             d.reason = cache.explain(d.compile, previous.get(d.compile.rel))
-    for d in decisions:
-        if d.decision != "compiled":
+    for d in choices:
+        if d.decision is not Decision.COMPILED:
             cache.place(d)
-    todo = [d for d in decisions if d.decision == "compiled"]
+    todo = [d for d in choices if d.decision is Decision.COMPILED]
     reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - len(todo)} "
                             f"reused, {len(todo)} to compile", module=plan.module, objects=len(plan.compiles),
                    reused=len(plan.compiles) - len(todo), to_compile=len(todo))
     if todo:
         producer = producer_record(recipe.name, variant.name, plan.module)
-        index = {d.compile.rel: i for i, d in enumerate(decisions)}
+        index = {d.compile.rel: i for i, d in enumerate(choices)}
 
         def finished(rel: str) -> None:
             # recorded as each compile finishes, so an interrupted build keeps what it compiled
             i = index[rel]
-            recorded = cache.record(decisions[i].compile, producer)
-            recorded.reason = decisions[i].reason
-            decisions[i] = recorded
+            recorded = cache.record(choices[i].compile, producer)
+            recorded.reason = choices[i].reason
+            choices[i] = recorded
 
         # the longest compiles first (most inputs last time, else cold_weight): a shorter critical path
         order = sorted(todo, key=lambda d: (-(d.weight or 0), -cold_weight(d.compile)))
@@ -116,10 +116,11 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
             cache.hasher.save()
     cache.hasher.save()
     if share is not None:  # compiled here or reused from this store: share what the remote lacks
-        share.upload_objects([d.meta for d in decisions if d.meta and d.entry and d.decision != "fetched-remote"])
-    built = _link_and_certify(root, store, recipe, variant, plan, facts, decisions, env, toolchain_id, reporter,
+        share.upload_objects([d.record for d in choices
+                              if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
+    built = _link_and_certify(root, store, recipe, variant, plan, facts, choices, env, toolchain_id, reporter,
                               share)
-    fs.atomic_write(state, fs.canonical_json({"certificate": built.certificate_blob}), durable=False)
+    root.cache("builds").put(last_build, built.certificate_blob)
     return built
 
 
@@ -146,17 +147,20 @@ def cold_weight(c: Compile) -> int:
     return total
 
 
-def _previous_objects(store: Store, state: Path) -> dict[str, dict[str, Any]]:
+def _previous_objects(store: Store, certificate_blob: object) -> dict[str, ObjectRecord]:
     """source -> object record of the previous build of this module, for --explain."""
-    try:
-        cert = read_certificate(store, json.loads(state.read_text())["certificate"])
-    except (OSError, ValueError, KeyError, zstandard.ZstdError):
+    if not isinstance(certificate_blob, str):
         return {}
-    out = {}
-    for o in cert["objects"]:
-        if o.get("entry") and store.has_entry(o["entry"]):
-            out[o["source"]] = store.entry_meta(o["entry"])
-    return out
+    try:
+        cert = read_certificate(store, certificate_blob)
+        out = {}
+        for o in cert["objects"]:
+            entry = o.get("entry")
+            if entry and store.has_entry(entry):
+                out[o["source"]] = store.object_record(entry)
+        return out
+    except (OSError, ValueError, KeyError, TypeError, WorkFailed, zstandard.ZstdError):
+        return {}
 
 
 def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
@@ -201,10 +205,10 @@ def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], reci
 
 
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
-                      facts: dict[str, Any], decisions: list[Decision], env: dict[str, str],
-                      toolchain_id: dict[str, Any], reporter: Reporter, share: ObjectShare | None) -> BuiltModule:
-    digests = [d.meta["object"] if d.meta else fs.sha256_file(Path(d.compile.object))[0] for d in decisions]
-    paths = {d.compile.object for d in decisions} | {plan.output}  # build-folder paths leave the key
+                      facts: dict[str, Any], choices: list[ObjectChoice], env: dict[str, str],
+                      toolchain_id: ToolchainId, reporter: Reporter, share: ObjectShare | None) -> BuiltModule:
+    digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in choices]
+    paths = {d.compile.object for d in choices} | {plan.output}  # build-folder paths leave the key
     link_key_argv = ["<OBJ>" if a in paths else a for a in plan.link_argv]
     key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
                                              "toolchain": toolchain_id, "link": link_key_argv,
@@ -223,40 +227,39 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
                 so_digest, producer = _link(store, recipe, plan, env), None
             else:
                 so_digest, producer = shared
-            staging.meta.update({"kind": "module", "module": plan.module, "file": filename, "so": so_digest,
-                                 "host": host_identity(facts), "producer_certificate": producer,
-                                 "refs": [f"blob:{so_digest}", *([f"blob:{producer}"] if producer else []),
-                                          *(f"entry:{d.entry}" for d in decisions if d.entry)]})
+            staging.record = {
+                "format": STORE_FORMAT, "name": name, "kind": "module", "module": plan.module, "file": filename,
+                "so": so_digest, "host": host_identity(facts), "producer_certificate": producer,
+                "refs": [blob_ref(so_digest), *([blob_ref(producer)] if producer else []),
+                         *(entry_ref(d.entry) for d in choices if d.entry)]}
             linked = True
             module_from = "linked" if shared is None else "fetched-remote"
-    meta = store.entry_meta(name)
-    module = {"decision": module_from, "entry": name, "producer_certificate": meta.get("producer_certificate"),
-              "remote": share.record() if share is not None else None}
-    cert = certificate(recipe, variant, plan, facts, toolchain_id, decisions, meta["so"], module)
+    rec = store.module_record(name)
+    module: ModuleBuild = {"decision": module_from, "entry": name, "producer_certificate": rec["producer_certificate"],
+                           "remote": share.record() if share is not None else None}
+    cert = certificate(recipe, variant, plan, facts, toolchain_id, choices, rec["so"], module)
     raw = fs.canonical_json(cert)
     cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
-    store.temproots.add(f"blob:{cert_blob}")
+    store.pin_blob(cert_blob)
     if share is not None and module_from != "fetched-remote":
-        share.upload_module(key, filename, meta["so"], cert_blob)
-    return BuiltModule(plan.module, filename, name, meta["so"], fs.sha256_bytes(raw), cert_blob, decisions,
-                       linked)
+        share.upload_module(key, filename, rec["so"], cert_blob)
+    return BuiltModule(plan.module, filename, name, rec["so"], fs.sha256_bytes(raw), cert_blob, choices, linked)
 
 
 def _drop_if_corrupt(store: Store, name: str) -> None:
     """Invalidate a stored module whose file no longer hashes to its record: it is linked again, and the
     blob healed in place with the new bytes (Store.put_blob_bytes), trees that hold it included."""
+    digest: str | None
     try:
-        digest = store.entry_meta(name).get("so")
+        digest = store.module_record(name)["so"]
     except OSError:
         return  # not built yet
-    except WorkFailed:
+    except (WorkFailed, KeyError):
         digest = None  # its record is damaged: link it again
     if isinstance(digest, str) and store.blob_path(digest).exists() \
             and fs.sha256_file(store.blob_path(digest))[0] == digest:
         return
-    trash = store.invalidate(name)
-    if trash is not None:
-        fs.remove_tree(trash)
+    store.drop_entry(name)
 
 
 def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) -> str:

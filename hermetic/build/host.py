@@ -7,21 +7,19 @@ fingerprints of the interpreter binary and of torch's version.py. A no-op realiz
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from hermetic import fs
 from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.root import Root
-
-FACTS_VERSION = 3
+from hermetic.store.records import HostIdentity
 
 # Runs inside the host interpreter. It reads torch's own build helpers, so hermetic builds with exactly the
-# flags torch.utils.cpp_extension would use for this torch (its private helpers are read defensively).
+# flags torch.utils.cpp_extension would use for this torch (its private helpers are read defensively). A
+# change to what it prints bumps root.CACHES["interpreters"].
 _PROBE = r"""
 import inspect, json, os, platform, re, sys, sysconfig
 out = {"python": platform.python_version(), "implementation": sys.implementation.name,
@@ -72,15 +70,10 @@ def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, An
     """The host interpreter's facts, from the cache when neither the interpreter nor torch changed."""
     # not resolved: a venv's python is a symlink, and resolving it would lose the venv's site-packages
     exe = Path(os.path.abspath(host_python(python)))
-    cache = root.state / "interpreters" / (fs.sha256_bytes(str(exe).encode())[:24] + ".json")
-    try:
-        cached = json.loads(cache.read_text())
-        torch_facts = cached["facts"]["torch"]
-        key = _identity(exe, torch_facts["version_file"] if torch_facts else None)
-        if cached["version"] == FACTS_VERSION and cached["key"] == key:
-            return _checked(cached["facts"], exe, need_torch)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cache = root.cache("interpreters")
+    cached = cache.get(str(exe))
+    if isinstance(cached, dict):
+        return _checked(cached, exe, need_torch)
     env = root.child_env()
     # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
     env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
@@ -92,16 +85,10 @@ def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, An
                                  hint="check that it starts and that torch imports in it")
     facts: dict[str, Any] = found
     t = facts["torch"]
-    record = {"version": FACTS_VERSION, "key": _identity(exe, t["version_file"] if t else None), "facts": facts}
-    fs.atomic_write(cache, fs.pretty_json(record), durable=False)
+    # valid while the interpreter binary and torch's version.py keep their fingerprints
+    cache.put(str(exe), facts, [exe, *([t["version_file"]] if t else [])])
     return _checked(facts, exe, need_torch)
 
-
-def _identity(exe: Path, torch_version_file: str | None) -> list[Any]:
-    fps = [list(fs.fingerprint(exe) or [])]
-    if torch_version_file:
-        fps.append(list(fs.fingerprint(torch_version_file) or []))
-    return fps
 
 
 def _checked(facts: dict[str, Any], exe: Path, need_torch: bool) -> dict[str, Any]:
@@ -112,7 +99,7 @@ def _checked(facts: dict[str, Any], exe: Path, need_torch: bool) -> dict[str, An
     return facts
 
 
-def host_identity(facts: dict[str, Any]) -> dict[str, Any]:
+def host_identity(facts: dict[str, Any]) -> HostIdentity:
     """What a built module depends on: a module built for another interpreter or torch is never reused."""
     t = facts.get("torch") or {}
     return {"python": facts["python"], "implementation": facts["implementation"], "soabi": facts.get("soabi"),

@@ -5,11 +5,9 @@ mapped no library from a system CUDA.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from hermetic import fs
 from hermetic.errors import WorkFailed
 from hermetic.procs import run_probe
 from hermetic.root import Root
@@ -41,12 +39,10 @@ print("hermetic-probe-result: " + json.dumps(res))
 def import_check(root: Root, python: str, profile: Path, modules: list[str], tree: str,
                  env: dict[str, str]) -> dict[str, Any]:
     """Run once per tree (cached by its content-addressed name): a no-op realize imports nothing."""
-    cache = root.state / "imports" / f"{tree}.json"
-    try:
-        cached: dict[str, Any] = json.loads(cache.read_text())
+    cache = root.cache("imports")
+    cached = cache.get(tree)
+    if isinstance(cached, dict):
         return cached
-    except (OSError, ValueError):
-        pass
     run_env = {**env, "PYTHONPATH": str(profile)}
     run_env.pop("CUDA_VISIBLE_DEVICES", None)  # where a GPU exists, let the import see it: it must not use it
     found, output = run_probe([python, "-c", _PROBE, *modules], env=run_env, cwd=str(root.tmp))
@@ -64,5 +60,5 @@ def import_check(root: Root, python: str, profile: Path, modules: list[str], tre
     if problems:
         raise WorkFailed("the import check failed: " + "; ".join(problems), where=str(profile),
                          hint="importing an extension must not touch CUDA or a system CUDA")
-    fs.atomic_write(cache, fs.pretty_json(result), durable=False)
+    cache.put(tree, result)
     return result

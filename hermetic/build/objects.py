@@ -3,19 +3,19 @@
 An *object entry* records one compile: the lookup key (toolchain, command without defines and output,
 the environment variables that change compiler output), the defines, and every input the compiler read
 (its full -MD dependency list, system headers included) with the hash of its content: raw bytes under debug
-or line-info flags, else the bytes with comments removed and every line kept. ``index/<lookup>/`` lists
-the entries compiled under a lookup key; a compile reuses one when every recorded input still hashes the
+or line-info flags, else the bytes with comments removed and every line kept. The store's index lists the
+entries compiled under a lookup key; a compile reuses one when every recorded input still hashes the
 same and, where the defines differ (another variant), no differing identifier occurs in any input or in
 the rest of the command. Inputs using __DATE__, __TIME__ or __TIMESTAMP__ are never recorded.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,11 @@ from hermetic.keys import (
     strip_comments,
 )
 from hermetic.root import Root
-from hermetic.store import Store, entry_name
+from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
+from hermetic.store.records import InputHash, ObjectRecord, Packed, Producer, ToolchainId
 
 RAW, STRIPPED = "raw", "stripped"
-# An object is stored zstd-compressed (``meta["packed"]``) when that saves at least a quarter of its bytes:
+# An object is stored zstd-compressed (``record["packed"]``) when that saves at least a quarter of its bytes:
 # host objects shrink about 4x; objects whose device code nvcc already compressed barely shrink and stay raw.
 PACK_LEVEL, PACK_RATIO = 3, 0.75
 # find() knows only that no stored object matched; --explain then names the component that changed
@@ -46,166 +47,194 @@ NO_MATCH = "no object compiled with this command and toolchain"
 INPUT_CHANGED = "an input changed since the stored objects were compiled"
 
 
-def object_bytes(store: Store, meta: dict[str, Any]) -> bytes | None:
+class Decision(StrEnum):
+    """What became of one object of a build (certificates and counts spell them so)."""
+    COMPILED = "compiled"
+    REUSED = "reused"                       # an object of this very command and defines
+    REUSED_VARIANT = "reused-variant"       # another variant's, its differing defines waived
+    FETCHED_REMOTE = "fetched-remote"       # from the remote cache, checked as a local one
+    UNCACHEABLE = "compiled-uncacheable"    # compiled, and not stored (time macros, a vanished input)
+
+    @property
+    def compiled(self) -> bool:
+        return self in (Decision.COMPILED, Decision.UNCACHEABLE)
+
+
+def object_bytes(store: Store, rec: ObjectRecord) -> bytes | None:
     """An object record's bytes (unpacked if it is stored compressed); None unless they hash to the record."""
     import zstandard
-    packed = meta.get("packed")
+    packed = rec.get("packed")
     try:
         if packed:
             data = store.blob_path(packed["blob"]).read_bytes()
             if fs.sha256_bytes(data) != packed["blob"]:  # the blob itself first: zstd ignores trailing bytes
                 return None
-            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=int(meta["size"]))
+            data = zstandard.ZstdDecompressor().decompress(data, max_output_size=int(rec["size"]))
         else:
-            data = store.blob_path(meta["object"]).read_bytes()
+            data = store.blob_path(rec["object"]).read_bytes()
     except (OSError, zstandard.ZstdError, KeyError, TypeError, ValueError):
         return None
-    return data if fs.sha256_bytes(data) == meta["object"] else None
+    return data if fs.sha256_bytes(data) == rec["object"] else None
 
 
-def stored_blob(meta: dict[str, Any]) -> str:
+def stored_blob(rec: ObjectRecord) -> str:
     """The blob an object record keeps its bytes in: the compressed one, else the object's own."""
-    packed = meta.get("packed")
-    return str(packed["blob"]) if packed else str(meta["object"])
+    packed = rec.get("packed")
+    return packed["blob"] if packed else rec["object"]
 
 
 class InputHasher:
-    """Content hashes of input files, trusted while their stat fingerprint is unchanged (state/hashes.json)."""
+    """Content hashes of input files (raw, comment-stripped, and whether time macros occur), trusted while each
+    file's stat fingerprint is unchanged: root's ``hashes`` cache."""
 
     def __init__(self, root: Root) -> None:
-        self.path = root.state / "hashes.json"
-        try:
-            self.cache: dict[str, list[Any]] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.cache = {}
-        self.dirty = False
+        self.table = fs.FingerprintTable(root.cache_dir("hashes") / "inputs.json")
         self.rehashed = 0
 
-    def hash(self, path: str, mode: str) -> str | None:
-        """sha256 of the file's bytes (raw) or of its comment-stripped bytes; None if it is gone."""
-        fp = fs.fingerprint(path)
+    def _fact(self, path: str, *, stripped: bool) -> list[Any] | None:
+        """[sha256 of the bytes, sha256 of the stripped bytes or None, temporal or None]; None if it is gone."""
+        fp, fact = self.table.get(path)
         if fp is None:
             return None
-        rec = self.cache.get(path)
-        if rec is None or rec[0] != list(fp):
+        if fact is None:
             try:
                 data = Path(path).read_bytes()
             except OSError:
                 return None
-            rec = [list(fp), fs.sha256_bytes(data), None, False]
-            self.cache[path] = rec
-            self.dirty = True
+            fact = [fs.sha256_bytes(data), None, None]
+            self.table.put(path, fp, fact)
             self.rehashed += 1
-        if mode == STRIPPED and rec[2] is None:
-            self._strip(path, rec)
-        return str(rec[1] if mode == RAW else rec[2])
+        if stripped and fact[1] is None:
+            text = strip_comments(Path(path).read_bytes())
+            fact[1:] = [fs.sha256_bytes(text), TEMPORAL.search(text) is not None]
+            self.table.dirty = True
+        return list(fact)
+
+    def hash(self, path: str, mode: str) -> str | None:
+        """sha256 of the file's bytes (raw) or of its comment-stripped bytes; None if it is gone."""
+        fact = self._fact(path, stripped=mode == STRIPPED)
+        return None if fact is None else str(fact[0] if mode == RAW else fact[1])
 
     def temporal(self, path: str) -> bool:
         """Whether the file uses __DATE__, __TIME__ or __TIMESTAMP__ outside comments (cached with its hash)."""
-        if self.hash(path, RAW) is None:
-            return True
-        rec = self.cache[path]
-        if len(rec) < 4 or rec[2] is None:
-            self._strip(path, rec)
-        return bool(rec[3])
-
-    def _strip(self, path: str, rec: list[Any]) -> None:
-        stripped = strip_comments(Path(path).read_bytes())
-        rec[2:] = [fs.sha256_bytes(stripped), TEMPORAL.search(stripped) is not None]
-        self.dirty = True
+        fact = self._fact(path, stripped=True)
+        return True if fact is None else bool(fact[2])
 
     def save(self) -> None:
-        if self.dirty:
-            fs.atomic_write(self.path, fs.canonical_json(self.cache), durable=False)
-            self.dirty = False
+        self.table.save()
 
 
 @dataclass
-class Decision:
+class ObjectChoice:
+    """One object of a build: what was decided, why, and the record that proves a reuse."""
     compile: Compile
-    decision: str                    # compiled, reused, reused-variant, fetched-remote, compiled-uncacheable
+    decision: Decision
     entry: str | None = None         # the object entry used or recorded
     waived: list[str] = field(default_factory=list)
     reason: str = ""                 # why it was compiled (for --explain)
-    meta: dict[str, Any] | None = None
+    record: ObjectRecord | None = None
     weight: int = 0                  # inputs the last compile of this source read: a proxy for its cost
 
 
+@dataclass(frozen=True)
+class Chosen:
+    record: ObjectRecord
+    decision: Decision
+    waived: list[str]
+
+
+@dataclass(frozen=True)
+class NoneFits:
+    reason: str
+    weight: int = 0
+
+
+def choose(defines: dict[str, str | None], records: Sequence[ObjectRecord],
+           inputs_match: Callable[[ObjectRecord], bool],
+           waiver_blocker: Callable[[ObjectRecord, list[str]], str | None]) -> Chosen | NoneFits:
+    """The decision function of certified reuse, pure but for the two questions it asks: of the records
+    filed under a compile's lookup key, the one it may use (an exact match first, then another variant's
+    whose differing defines can be waived), or why none fits."""
+    candidates = [r for r in records if inputs_match(r)]
+    if not candidates:
+        return NoneFits(INPUT_CHANGED if records else NO_MATCH)
+    weight = max(len(r["inputs"]) for r in candidates)
+    for r in candidates:
+        if not differing_defines(defines, r["defines"]):
+            return Chosen(r, Decision.REUSED, [])
+    blocker, diff = "", []
+    for r in candidates:
+        diff = differing_defines(defines, r["defines"])
+        found = waiver_blocker(r, diff)
+        if found is None:
+            return Chosen(r, Decision.REUSED_VARIANT, diff)
+        blocker = found
+    return NoneFits(f"defines differ ({', '.join(diff)}) and {blocker}", weight)
+
+
 class ObjectCache:
-    def __init__(self, root: Root, store: Store, toolchain: dict[str, Any], env: dict[str, str]) -> None:
+    def __init__(self, root: Root, store: Store, toolchain: ToolchainId, env: dict[str, str]) -> None:
         self.root, self.store, self.toolchain, self.env = root, store, toolchain, env
         self.hasher = InputHasher(root)
-        self.index = store.path / "index"
         self._scan: dict[tuple[str, str], bool] = {}
 
     def lookup(self, c: Compile) -> str:
         return lookup_key("nvcc" if c.cuda else "cxx", c.argv, self.env, self.toolchain)
 
-    def find(self, c: Compile) -> Decision:
+    def find(self, c: Compile) -> ObjectChoice:
         """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""
-        lk = self.lookup(c)
-        folder = self.index / lk[:2] / lk
-        names = sorted(os.listdir(folder)) if folder.is_dir() else []
+        names = self.store.index_list(self.lookup(c))
         if not names:
-            return Decision(c, "compiled", reason=NO_MATCH)
-        chosen = self.choose(c, [self.store.entry_meta(name) for name in names if self.store.use(name)])
-        if isinstance(chosen, Decision):
+            return ObjectChoice(c, Decision.COMPILED, reason=NO_MATCH)
+        chosen = self.choose(c, [self.store.object_record(name) for name in names if self.store.use(name)])
+        if isinstance(chosen, ObjectChoice):
             return chosen
-        meta, decision, waived = chosen
-        return self._use(c, meta, decision, waived)
+        return self._use(c, chosen)
 
-    def choose(self, c: Compile, metas: list[dict[str, Any]]) -> tuple[dict[str, Any], str, list[str]] | Decision:
-        """The object record (of this compile's lookup key) that it may use, with its decision and waived
-        identifiers; else a 'compiled' decision saying why none fits. Records may come from the remote."""
+    def choose(self, c: Compile, records: Sequence[ObjectRecord]) -> Chosen | ObjectChoice:
+        """``choose`` with this cache's answers: the inputs hashed now, the waiver scanned in the inputs (records
+        may come from the remote); a 'compiled' choice when none fits."""
         _rest, defines = split_defines(c.argv)
-        candidates = [meta for meta in metas
-                      if all(self.hasher.hash(p, mode) == h for p, mode, h in meta["inputs"])]
-        if not candidates:
-            return Decision(c, "compiled", reason=INPUT_CHANGED if metas else NO_MATCH)
-        weight = max(len(m["inputs"]) for m in candidates)
-        # an exact match first, then one from another variant whose differing defines can be waived
-        for meta in candidates:
-            if not differing_defines(defines, meta["defines"]):
-                return meta, "reused", []
-        for meta in candidates:
-            diff = differing_defines(defines, meta["defines"])
-            blocker = self._waiver_blocker(c, meta, diff)
-            if blocker is None:
-                return meta, "reused-variant", diff
-        return Decision(c, "compiled", reason=f"defines differ ({', '.join(diff)}) and {blocker}", weight=weight)
+        found = choose(defines, records,
+                       lambda r: all(self.hasher.hash(p, mode) == h for p, mode, h in r["inputs"]),
+                       lambda r, names: self._waiver_blocker(c, r, names))
+        if isinstance(found, NoneFits):
+            return ObjectChoice(c, Decision.COMPILED, reason=found.reason, weight=found.weight)
+        return found
 
-    def explain(self, c: Compile, previous: dict[str, Any] | None) -> str:
+    def explain(self, c: Compile, previous: ObjectRecord | None) -> str:
         """The first key component that differs from the object this source had in the previous build."""
         if previous is None:
             return "no previous object of this source"
         kind = "nvcc" if c.cuda else "cxx"
-        if previous.get("toolchain") != self.toolchain:
-            changed = sorted(k for k in set(self.toolchain) | set(previous.get("toolchain", {}))
-                             if self.toolchain.get(k) != previous.get("toolchain", {}).get(k))
+        old_tc: dict[str, Any] = dict(previous["toolchain"])
+        new_tc: dict[str, Any] = dict(self.toolchain)
+        if old_tc != new_tc:
+            changed = sorted(k for k in set(new_tc) | set(old_tc) if new_tc.get(k) != old_tc.get(k))
             return f"the toolchain changed ({', '.join(changed)})"
-        env, old_env = key_env(kind, self.env), previous.get("env", {})
+        env, old_env = key_env(kind, self.env), previous["env"]
         for k in sorted(set(env) | set(old_env)):
             if env.get(k) != old_env.get(k):
                 return f"environment variable {k} changed: {old_env.get(k)!r} -> {env.get(k)!r}"
         rest, defines = split_defines(c.argv)
-        old = previous.get("argv", [])
+        old = previous["argv"]
         for i, (a, b) in enumerate(zip(old, rest, strict=False)):
             if a != b:
                 return f"command argument {i} changed: {a!r} -> {b!r}"
         if len(old) != len(rest):
             return f"command changed length: {len(old)} -> {len(rest)} arguments"
-        for path, mode, h in previous.get("inputs", []):
+        for path, mode, h in previous["inputs"]:
             now = self.hasher.hash(path, mode)
             if now is None:
                 return f"input {path} is gone"
             if now != h:
                 return f"input {path} changed"
-        diff = differing_defines(defines, previous.get("defines", {}))
+        diff = differing_defines(defines, previous["defines"])
         if diff:
             return f"defines changed: {', '.join(diff)}"
         return "the stored object is gone or corrupt"
 
-    def _waiver_blocker(self, c: Compile, meta: dict[str, Any], names: list[str]) -> str | None:
+    def _waiver_blocker(self, c: Compile, rec: ObjectRecord, names: list[str]) -> str | None:
         """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
         rest, _d = split_defines(c.argv)
         pattern = identifier_re(names)
@@ -214,7 +243,7 @@ class ObjectCache:
         if pattern.search(others.encode()):
             return "one of them appears in the rest of the command"
         key = ",".join(names)
-        for path, _mode, h in meta["inputs"]:
+        for path, _mode, h in rec["inputs"]:
             hit = self._scan.get((h + path, key))
             if hit is None:
                 try:
@@ -226,64 +255,58 @@ class ObjectCache:
                 return f"{path} mentions one of them"
         return None
 
-    def _use(self, c: Compile, meta: dict[str, Any], decision: str, waived: list[str]) -> Decision:
+    def _use(self, c: Compile, chosen: Chosen) -> ObjectChoice:
         # re-hashed at every use: the blob that holds the object (a packed one's bytes then follow from it;
         # place() checks them against the record as it unpacks them)
-        digest = stored_blob(meta)
+        rec = chosen.record
+        digest = stored_blob(rec)
         blob = self.store.blob_path(digest)
         if not blob.exists() or fs.sha256_file(blob)[0] != digest:
-            trash = self.store.invalidate(meta["name"])
-            if trash is not None:
-                fs.remove_tree(trash)
-            if blob.exists():
-                os.chmod(blob, 0o644)
-                blob.unlink()
-            return Decision(c, "compiled", reason=f"stored object {digest[:12]}… was corrupt; removed it")
-        return Decision(c, decision, meta["name"], waived, meta=meta)
+            self.store.drop_entry(rec["name"])
+            self.store.drop_blob(digest)
+            return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… was corrupt; removed it")
+        return ObjectChoice(c, chosen.decision, rec["name"], chosen.waived, record=rec)
 
-    def record(self, c: Compile, producer: dict[str, Any]) -> Decision:
+    def record(self, c: Compile, producer: Producer) -> ObjectChoice:
         """After a compile: store the object with its full input list (unless time macros make it unfit)."""
         deps = parse_depfile(Path(c.depfile).read_text())
         cwd = os.path.dirname(c.object)
         paths = [d if os.path.isabs(d) else os.path.normpath(os.path.join(cwd, d)) for d in deps]
         mode = RAW if is_debug(c.argv) else STRIPPED
-        inputs = []
+        inputs: list[InputHash] = []
         for p in paths:
             h = self.hasher.hash(p, mode)
             if h is None:
-                return Decision(c, "compiled-uncacheable", reason=f"input {p} vanished during the build")
-            inputs.append([p, mode, h])
+                return ObjectChoice(c, Decision.UNCACHEABLE, reason=f"input {p} vanished during the build")
+            inputs.append((p, mode, h))
         for p in paths:
             if self.hasher.temporal(p):
-                return Decision(c, "compiled-uncacheable", reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
+                return ObjectChoice(c, Decision.UNCACHEABLE, reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
         lk = self.lookup(c)
         rest, defines = split_defines(c.argv)
-        name = entry_name(object_key(lk, defines, inputs), "obj-" + os.path.basename(c.object))
-        obj = Path(c.object)
-        data = obj.read_bytes()
-        digest, size = fs.sha256_bytes(data), len(data)
+        key = object_key(lk, defines, inputs)
+        name = entry_name(key, "obj-" + os.path.basename(c.object))
+        data = Path(c.object).read_bytes()
+        digest = fs.sha256_bytes(data)
         with self.store.build_entry(name) as staging:
             if staging is not None:
                 packed = None if self.store.use_blob(digest) else self._pack(data)
-                if packed is None and not self.store.use_blob(digest):
-                    # the blob must be its own inode: a later compile rewrites the build folder's object
-                    with fs.scratch_file(self.store.tmp, "obj-") as tmp:
-                        shutil.copyfile(obj, tmp)
-                        self.store.put_blob_file(tmp, digest)
+                if packed is None:
+                    # the blob is an inode of its own: a later compile rewrites the build folder's object
+                    self.store.put_blob_bytes(data)
+                staging.record = {
+                    "format": STORE_FORMAT, "name": name, "kind": "object", "key": key, "lookup": lk,
+                    "source": c.rel, "object": digest, "size": len(data), "inputs": inputs,
+                    "defines": dict(sorted(defines.items())), "argv": rest, "command": list(c.argv),
+                    "output": c.object, "env": key_env("nvcc" if c.cuda else "cxx", self.env),
+                    "toolchain": self.toolchain, "built_by": producer,
+                    "refs": [blob_ref(packed["blob"] if packed else digest)]}
                 if packed is not None:
-                    staging.meta["packed"] = packed
-                staging.meta.update({"kind": "object", "name": name, "key": object_key(lk, defines, inputs),
-                                     "lookup": lk, "source": c.rel,
-                                     "object": digest, "size": size, "inputs": inputs,
-                                     "defines": dict(sorted(defines.items())), "argv": rest,
-                                     "command": list(c.argv), "output": c.object,
-                                     "env": key_env("nvcc" if c.cuda else "cxx", self.env),
-                                     "toolchain": self.toolchain, "built_by": producer,
-                                     "refs": [f"blob:{packed['blob'] if packed else digest}"]})
-        self._index(lk, name)
-        return Decision(c, "compiled", name, meta=self.store.entry_meta(name))
+                    staging.record["packed"] = packed
+        self.store.index_add(lk, name)
+        return ObjectChoice(c, Decision.COMPILED, name, record=self.store.object_record(name))
 
-    def _pack(self, data: bytes) -> dict[str, Any] | None:
+    def _pack(self, data: bytes) -> Packed | None:
         """Store the object zstd-compressed when that pays (see PACK_RATIO); its description, else None."""
         import zstandard
         packed = zstandard.ZstdCompressor(level=PACK_LEVEL).compress(data)
@@ -291,37 +314,34 @@ class ObjectCache:
             return None
         return {"codec": "zstd", "blob": self.store.put_blob_bytes(packed), "size": len(packed)}
 
-    def adopt(self, meta: dict[str, Any]) -> None:
-        """Publish an object record made elsewhere (the remote cache; its blob already verified in the store)
-        and list it under its lookup key, where find() then sees it like any other."""
-        with self.store.build_entry(meta["name"]) as staging:
+    def adopt(self, rec: ObjectRecord) -> None:
+        """Publish an object record made elsewhere (the remote cache; its blob already verified in the store,
+        raw) and list it under its lookup key, where find() then sees it like any other."""
+        with self.store.build_entry(rec["name"]) as staging:
             if staging is not None:
-                staging.meta.update({**{k: v for k, v in meta.items() if k != "packed"},
-                                     "refs": [f"blob:{meta['object']}"]})
-        self._index(meta["lookup"], meta["name"])
+                local: ObjectRecord = {**rec, "refs": [blob_ref(rec["object"])]}
+                local.pop("packed", None)
+                staging.record = local
+        self.store.index_add(rec["lookup"], rec["name"])
 
-    def _index(self, lk: str, name: str) -> None:
-        link = self.index / lk[:2] / lk / name
-        fs.atomic_symlink(os.path.relpath(self.store.entry_path(name), link.parent), link)
-
-    def place(self, d: Decision) -> None:
+    def place(self, d: ObjectChoice) -> None:
         """Put a reused object where the link step expects it: a hard link to its blob, or its unpacked bytes."""
-        assert d.meta is not None
+        assert d.record is not None
         obj = Path(d.compile.object)
         obj.parent.mkdir(parents=True, exist_ok=True)
         if obj.exists() or obj.is_symlink():
             obj.unlink()
-        if not d.meta.get("packed"):
-            fs.link_or_copy(self.store.blob_path(d.meta["object"]), obj)
+        if not d.record.get("packed"):
+            fs.link_or_copy(self.store.blob_path(d.record["object"]), obj)
             return
-        data = object_bytes(self.store, d.meta)
+        data = object_bytes(self.store, d.record)
         if data is None:  # _use checked its blob a moment ago: only a concurrent corruption gets here
-            raise WorkFailed(f"the stored object {d.meta['name']} changed while it was being reused",
-                             where=str(self.store.blob_path(stored_blob(d.meta))),
+            raise WorkFailed(f"the stored object {d.record['name']} changed while it was being reused",
+                             where=str(self.store.blob_path(stored_blob(d.record))),
                              hint="run `hermetic verify --repair`, then realize again")
         fs.atomic_write(obj, data, durable=False)
 
 
-def producer_record(recipe: str, variant: str, module: str) -> dict[str, Any]:
+def producer_record(recipe: str, variant: str, module: str) -> Producer:
     return {"recipe": recipe, "variant": variant, "module": module, "host": os.uname().nodename,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -12,11 +12,10 @@ import os
 import random
 import re
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from hermetic import fs
 from hermetic.build.objects import InputHasher, object_bytes
 from hermetic.root import Root
 from hermetic.store import Store
@@ -47,25 +46,26 @@ def rebuild_sample(root: Root, store: Store, n: int, *, seed: int | None = None)
 
 
 def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str) -> Rebuilt:
-    meta: dict[str, Any] = store.entry_meta(name)
-    source = meta.get("source", "?")
-    if "command" not in meta:
+    rec = store.object_record(name)
+    source = rec["source"]
+    if "command" not in rec:
         return Rebuilt(name, source, "skipped", "recorded by an older hermetic without its command")
-    for path, mode, h in meta["inputs"]:
+    for path, mode, h in rec["inputs"]:
         if hasher.hash(path, mode) != h:
             return Rebuilt(name, source, "skipped", f"input {path} changed since; not comparable")
-    argv = list(meta["command"])
-    with tempfile.TemporaryDirectory(dir=root.tmp, prefix="rebuild-") as work:
-        out = os.path.join(work, os.path.basename(meta["output"]))
+    argv = list(rec["command"])
+    with fs.scratch_dir(root.tmp, "rebuild-") as work_dir:
+        work = str(work_dir)
+        out = os.path.join(work, os.path.basename(rec["output"]))
         argv[argv.index("-o") + 1] = out
-        env = root.child_env({k: v for k, v in meta.get("env", {}).items()})
+        env = root.child_env(dict(rec["env"]))
         env.setdefault("PATH", "/usr/bin:/bin")
         env["CUDA_VISIBLE_DEVICES"] = ""
         p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
         if p.returncode != 0:
             return Rebuilt(name, source, "mismatch", f"the recorded command failed now: {p.stderr[-500:]}")
         fresh = Path(out).read_bytes()
-    stored = object_bytes(store, meta)
+    stored = object_bytes(store, rec)
     if stored is None:
         return Rebuilt(name, source, "mismatch", "the stored object does not hash to its record")
     if normalized(fresh) != normalized(stored):

@@ -5,8 +5,9 @@ linked them. Defined here, by the build that needs it, so that the build never i
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from hermetic.store.records import ObjectRecord
 from hermetic.store.substitute import Substituter
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ class ObjectShare(Substituter, Protocol):
         """Adopt into the local store every object of ``compiles`` it has that ``cache`` would accept;
         the sources (``Compile.rel``) it did that for."""
 
-    def upload_objects(self, metas: Iterable[dict[str, Any]]) -> None:
+    def upload_objects(self, metas: Iterable[ObjectRecord]) -> None:
         """Offer object records (their blobs first)."""
 
     def fetch_module(self, key: str, filename: str) -> tuple[str, str] | None:

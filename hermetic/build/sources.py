@@ -18,7 +18,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from hermetic import fs
 from hermetic.errors import BadInput, PreconditionFailed
@@ -26,8 +26,9 @@ from hermetic.locks.types import LockedWheel
 from hermetic.recipe import Source
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import Staging, Store, entry_name
-from hermetic.store.trees import FileMap, check_relpath
+from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
+from hermetic.store.records import FileMap
+from hermetic.store.trees import check_relpath
 
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
@@ -67,23 +68,24 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
                 _extract(archive, src, staging.out)
             except BadInput:
                 if fresh:  # a hostile archive fetched just now does not stay in the store
-                    archive.unlink(missing_ok=True)
+                    store.drop_blob(archive.name)
                 raise
         for patch in patches:
             apply_patch(patch, staging.out)
-        files = _ingest(store, staging)
-        staging.meta.update({"kind": "tree", "label": f"src-{src.name}", "files": files, "links": {},
-                             "refs": [] if src.path is not None else [f"blob:{src.sha256}"],
-                             "source": {"name": src.name, "origin": origin, "subdir": src.subdir,
-                                        "patches": [str(p) for p in patches]}})
+        files = staging.ingest()
+        refs = [blob_ref(src.sha256)] if src.path is None and src.sha256 is not None else []
+        staging.record = {"format": STORE_FORMAT, "name": name, "kind": "tree", "label": f"src-{src.name}",
+                          "files": files, "links": {}, "refs": refs,
+                          "source": {"name": src.name, "origin": origin, "subdir": src.subdir,
+                                     "patches": [str(p) for p in patches]}}
         reporter.event("source", f"prepared source {src.name} ({len(files)} files"
                                  + (f", {len(patches)} patches" if patches else "") + ")", source=src.name)
     return _load(store, name)
 
 
 def _load(store: Store, name: str) -> SourceTree:
-    meta = store.entry_meta(name)
-    return SourceTree(name, {p: (d, bool(x)) for p, (d, x) in meta["files"].items()})
+    rec = store.tree_record(name)
+    return SourceTree(name, {p: (d, bool(x)) for p, (d, x) in rec["files"].items()})
 
 
 def link_stable(root: Root, recipe: str, source: str, store: Store, tree: SourceTree) -> Path:
@@ -111,12 +113,12 @@ def _copy_folder(folder: Path, out: Path) -> None:
         rel = Path(dirpath).relative_to(folder)
         (out / rel).mkdir(parents=True, exist_ok=True)
         for f in files:
-            shutil.copy2(Path(dirpath) / f, out / rel / f)
+            fs.copy_file(Path(dirpath) / f, out / rel / f)
 
 
 def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: ObjectShare | None) -> Path:
     assert src.sha256 is not None
-    store.temproots.add(f"blob:{src.sha256}")
+    store.pin_blob(src.sha256)
     if store.use_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
         return store.blob_path(src.sha256)
     from hermetic.fetch.download import Fetcher
@@ -167,8 +169,8 @@ def _extract_members(archive: Path, src: Source, out: Path) -> int:
                 total, count = _account(total + info.file_size, count + 1, src)
                 dst = out / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as fin, open(dst, "wb") as fout:
-                    _bounded_copy(fin, fout, info.file_size, src)
+                with zf.open(info) as fin:
+                    _write_member(fin, dst, info.file_size, src)
                 if (info.external_attr >> 16) & 0o111:
                     os.chmod(dst, 0o755)
     else:
@@ -191,8 +193,7 @@ def _extract_members(archive: Path, src: Source, out: Path) -> int:
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     member_file = tf.extractfile(member)
                     assert member_file is not None
-                    with open(dst, "wb") as fout:
-                        _bounded_copy(member_file, fout, member.size, src)
+                    _write_member(member_file, dst, member.size, src)
                     if member.mode & 0o111:
                         os.chmod(dst, 0o755)
         except tarfile.TarError as e:
@@ -216,14 +217,15 @@ def _account(total: int, count: int, src: Source) -> tuple[int, int]:
     return total, count
 
 
-def _bounded_copy(fin: object, fout: object, declared: int, src: Source) -> None:
-    written = 0
-    while chunk := fin.read(fs.CHUNK):  # type: ignore[attr-defined]
-        written += len(chunk)
-        if written > declared:
-            raise BadInput("source archive member is larger than its header says", where=src.where,
-                           hint="the archive is hostile or damaged")
-        fout.write(chunk)  # type: ignore[attr-defined]
+def _write_member(fin: IO[bytes], dst: Path, declared: int, src: Source) -> None:
+    try:
+        fs.copy_hashed(fin, dst, limit=declared)
+    except fs.TooLarge:
+        raise BadInput("source archive member is larger than its header says", where=src.where,
+                       hint="the archive is hostile or damaged") from None
+    except FileExistsError:
+        raise BadInput(f"source archive member {dst.name} appears twice", where=src.where,
+                       hint="the archive is hostile or damaged") from None
 
 
 _PATCH_PATH = re.compile(r"^(?:---|\+\+\+) (\S+)")
@@ -254,22 +256,3 @@ def apply_patch(patch: Path, tree: Path) -> None:
             raise BadInput(f"the patch does not apply:\n{(p.stdout + p.stderr).strip()[-1500:]}",
                            where=str(patch), hint="regenerate it against the pinned source")
 
-
-def _ingest(store: Store, staging: Staging) -> FileMap:
-    """Turn the staged files into blobs and hard links to them (the tree's files are the store's)."""
-    files: FileMap = {}
-    for dirpath, _dirnames, names in os.walk(staging.out):
-        for n in names:
-            p = Path(dirpath) / n
-            rel = p.relative_to(staging.out).as_posix()
-            executable = os.access(p, os.X_OK)
-            digest, _size = fs.sha256_file(p)
-            blob = store.blob_path(digest, executable)
-            if blob.exists():
-                p.unlink()
-            else:
-                blob.parent.mkdir(exist_ok=True)
-                store.put_blob_file(p, digest, executable)
-            fs.link_or_copy(blob, p)
-            files[rel] = (digest, executable)
-    return dict(sorted(files.items()))

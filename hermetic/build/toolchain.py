@@ -17,6 +17,7 @@ from hermetic import fs
 from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.recipe import Toolchain
 from hermetic.root import Root
+from hermetic.store.records import HostCompiler
 from hermetic.store.trees import FileMap
 
 
@@ -92,7 +93,7 @@ def _parse_nvcc_version(out: str) -> str:
     return m.group(1)
 
 
-def host_compiler(root: Root, name: str) -> dict[str, str]:
+def host_compiler(root: Root, name: str) -> HostCompiler:
     """The C++ compiler's identity for object keys: resolved path, version, and hashes of the driver and
     of cc1plus (the driver alone does not identify the compiler)."""
     path = shutil.which(name, path="/usr/bin:/bin")
@@ -115,8 +116,8 @@ def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str]
         except OSError as e:
             raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", hint="check the toolchain") from None
         return parse(p.stdout + p.stderr)
-    return fs.cached_by_fingerprint(root.state / "tools", exe, f"output {args}", run)
+    return str(root.cache("tools").cached(f"output {args}\0{exe}", [exe], run))
 
 
 def _cached_hash(root: Root, path: Path) -> str:
-    return fs.cached_by_fingerprint(root.state / "tools", path, "sha256", lambda: fs.sha256_file(path)[0])
+    return str(root.cache("tools").cached(f"sha256\0{path}", [path], lambda: fs.sha256_file(path)[0]))

@@ -1,5 +1,6 @@
-"""Steps 5-7 of realize for a recipe that builds: toolchain, host, sources, then every extension of every
-chosen variant, under the recipe's build lock (variants share the stable source path in turn).
+"""Steps 4-6 of realize for a recipe that builds: the toolchain (``prepare_toolchain``), the source trees of
+every chosen variant (``prepare_sources``), then every extension of every variant (``build_variants``), under
+the recipe's build lock (variants share the stable source path in turn).
 """
 
 from __future__ import annotations
@@ -9,19 +10,33 @@ from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
 from hermetic.build.extension import BuiltModule, build_env, build_extension
-from hermetic.build.host import qualify
-from hermetic.build.sources import link_stable, realize_source
-from hermetic.build.toolchain import check_compatible, host_compiler, inspect_toolchain, toolchain_links
+from hermetic.build.sources import SourceTree, link_stable, realize_source
+from hermetic.build.toolchain import (
+    ToolchainInfo,
+    check_compatible,
+    host_compiler,
+    inspect_toolchain,
+    toolchain_links,
+)
 from hermetic.errors import BadInput
-from hermetic.locks.cache import read_lock_cached
 from hermetic.recipe import Recipe, Variant
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import Store
+from hermetic.store import Store, blob_ref, entry_ref
+from hermetic.store.records import HostCompiler, ToolchainId
 from hermetic.store.trees import build_tree, merge_files, set_profile
+from hermetic.wheels.unpacked import Unpacked
 
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
+
+
+@dataclass(frozen=True)
+class PreparedToolchain:
+    info: ToolchainInfo
+    id: ToolchainId                     # what object keys name of it: the tree and the host compilers
+    compilers: dict[str, HostCompiler]
+    built: bool                         # its tree was laid out now
 
 
 @dataclass
@@ -34,48 +49,65 @@ class RecipeBuild:
     explained: list[str] = field(default_factory=list)
 
 
-def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Variant], reporter: Reporter,
-                 counts: dict[str, int], explain: bool, share: ObjectShare | None = None) -> RecipeBuild:
-    from hermetic.wheels.unpacked import fetch_and_unpack  # the fetch step is shared with plain lock recipes
-
+def check_builds(recipe: Recipe) -> None:
     if recipe.toolchain is None or recipe.toolchain_lock is None:
         raise BadInput("a recipe that builds extensions needs [toolchain] with cuda and lock",
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
+
+
+def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[Unpacked], facts: dict[str, Any],
+                      reporter: Reporter) -> PreparedToolchain:
+    """The toolchain's wheels as a tree with its profile; nvcc, the runtime headers and torch agree."""
+    assert recipe.toolchain is not None
     reporter.event("phase", phase="toolchain")
     tc_name = f"{recipe.name}.toolchain"
-    unpacked = fetch_and_unpack(root, store, [read_lock_cached(root.state, recipe.toolchain_lock)], reporter,
-                                counts, share)
     tc_files = merge_files((u.entry, u.files) for u in unpacked)
-    tc_tree, tc_built = build_tree(store, tc_name, tc_files, toolchain_links(recipe.toolchain, tc_files),
-                                   refs=[f"entry:{u.entry}" for u in unpacked])
+    tc_tree, built = build_tree(store, tc_name, tc_files, toolchain_links(recipe.toolchain, tc_files),
+                                refs=[entry_ref(u.entry) for u in unpacked])
     tc_profile = set_profile(root.profiles, tc_name, store, tc_tree)
-    facts = qualify(root, recipe.python, need_torch=True)                  # 2. the host interpreter
-    tc = inspect_toolchain(root, tc_profile, recipe.toolchain, tc_tree)   # 5. compatible with torch?
-    check_compatible(tc, recipe.toolchain, facts["torch"]["cuda"])
+    info = inspect_toolchain(root, tc_profile, recipe.toolchain, tc_tree)
+    check_compatible(info, recipe.toolchain, facts["torch"]["cuda"])
     compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
-    toolchain_id = {"cuda": tc_tree, "host_compilers": compilers}
-    refs = [f"entry:{tc_tree}"]
+    return PreparedToolchain(info, {"cuda": tc_tree, "host_compilers": compilers}, compilers, built)
+
+
+def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Variant], reporter: Reporter,
+                    share: ObjectShare | None) -> dict[str, dict[str, SourceTree]]:
+    """variant -> source name -> its tree, with the source's and the variant's patches applied."""
+    reporter.event("phase", phase="sources")
+    names = sorted({e.source for e in recipe.extensions})
+    out: dict[str, dict[str, SourceTree]] = {}
+    for variant in variants:
+        if variant.patches and len(names) > 1:
+            raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
+                           where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
+        out[variant.name] = {n: realize_source(root, store, recipe.sources[n],
+                                               recipe.sources[n].patches + variant.patches, reporter, share)
+                             for n in names}
+    return out
+
+
+def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
+                   tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
+                   counts: dict[str, int], explain: bool, share: ObjectShare | None = None) -> RecipeBuild:
+    """Every extension of every variant: certified reuse, compiles, links and certificates."""
+    assert recipe.toolchain is not None
+    refs = [entry_ref(tc.id["cuda"])]
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
-    reporter.event("phase", phase="sources")
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
-            if variant.patches and len({e.source for e in recipe.extensions}) > 1:
-                raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
-                               where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
             trees = {}
-            for src_name in sorted({e.source for e in recipe.extensions}):
-                src = recipe.sources[src_name]
-                tree = realize_source(root, store, src, src.patches + variant.patches, reporter, share)  # 6.
+            for src_name, tree in sources[variant.name].items():
                 trees[src_name] = (link_stable(root, recipe.name, src_name, store, tree), tree)
-                refs.append(f"entry:{tree.entry}")
+                refs.append(entry_ref(tree.entry))
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
-            for ext in recipe.extensions:                                         # 7. build
+            for ext in recipe.extensions:
                 src_root, tree = trees[ext.source]
-                built = build_extension(root, store, recipe, ext, variant, facts, tc, toolchain_id, src_root,
+                built = build_extension(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
                                         sorted(tree.files), reporter, share)
                 modules.append(built)
-                refs += [f"entry:{built.entry}", f"blob:{built.certificate_blob}"]
+                refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
     totals: dict[str, int] = {}
     for m in modules:
         for k, v in m.counts().items():
@@ -83,19 +115,20 @@ def build_recipe(root: Root, store: Store, recipe: Recipe, variants: list[Varian
     counts.update({f"objects_{k}": v for k, v in totals.items()})
     explained = [f"{m.module}: {d.compile.rel}: {d.decision}" + (f" ({d.reason})" if d.reason else "")
                  + (f" [waived {', '.join(d.waived)}]" if d.waived else "")
-                 for m in modules for d in m.decisions]
+                 for m in modules for d in m.choices]
     if explain:
         for line in explained:
             reporter.event("explain", line)
+    info = tc.info
     report = {
         "host": facts,
-        "toolchain": {"entry": tc_tree, "nvcc": tc.nvcc_version, "cudart": tc.cudart_version,
-                      "cuda_home": str(tc.cuda_home), "archs": list(recipe.toolchain.archs),
-                      "host_compilers": compilers},
+        "toolchain": {"entry": tc.id["cuda"], "nvcc": info.nvcc_version, "cudart": info.cudart_version,
+                      "cuda_home": str(info.cuda_home), "archs": list(recipe.toolchain.archs),
+                      "host_compilers": tc.compilers},
         "sources": sources_report,
         "modules": [{"module": m.module, "file": m.filename, "sha256": m.digest, "entry": m.entry,
                      "certificate_sha256": m.certificate, "certificate_blob": m.certificate_blob,
                      "counts": m.counts(), "linked": m.linked} for m in modules],
     }
-    changed = tc_built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
-    return RecipeBuild(modules, refs, report, build_env(root, tc), changed, explained)
+    changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
+    return RecipeBuild(modules, refs, report, build_env(root, info), changed, explained)

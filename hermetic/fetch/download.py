@@ -9,9 +9,7 @@ something must actually be fetched, so a no-op realize stays fast.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from packaging.tags import Tag, sys_tags
 
+from hermetic import fs
 from hermetic.errors import BadInput, FetchFailed
 from hermetic.fetch.index import Candidate, IndexClient, file_url_to_path, select
 from hermetic.fetch.pipconfig import PipConfig
@@ -178,34 +177,26 @@ class Fetcher:
     def _write(self, wheel: LockedWheel, chunks: Iterable[bytes], total: int | None, filename: str,
                url: str) -> Downloaded:
         """Stream ``chunks`` into a temp file, hashing as it goes; verify; remove it on any failure."""
-        fd, name = tempfile.mkstemp(dir=self.tmp_dir, prefix=".fetch-", suffix=".part")
-        path = Path(name)
+        path = fs.new_temp_file(self.tmp_dir, ".fetch-", ".part")
         task: ProgressTask | None = self.reporter.task(filename, total, "bytes") if self.reporter else None
-        digest, size = hashlib.sha256(), 0
         try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in _guarded(chunks):
-                    try:
-                        out.write(chunk)
-                    except OSError as e:
-                        raise FetchFailed(f"cannot write {path}: {e.strerror or e}", where=wheel.where,
-                                          hint="check free space and permissions of the hermetic root") \
-                            from None
-                    digest.update(chunk)
-                    size += len(chunk)
-                    if task is not None:
-                        task.advance(len(chunk))
+            try:
+                sha256, size = fs.write_hashed(_guarded(chunks), path, fresh=False,
+                                               progress=task.advance if task is not None else None)
+            except OSError as e:  # writing (a broken transfer arrives as TransientError, from _guarded)
+                raise FetchFailed(f"cannot write {path}: {e.strerror or e}", where=wheel.where,
+                                  hint="check free space and permissions of the hermetic root") from None
             if total is not None and size < total:
                 raise TransientError(f"truncated download: got {size} of {total} bytes")
             self._check_size(wheel, size, url, filename)
-            self._check_hash(wheel, digest.hexdigest(), url, filename)
+            self._check_hash(wheel, sha256, url, filename)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
         finally:
             if task is not None:
                 task.close()
-        return Downloaded(path, digest.hexdigest(), size, filename, redact(url))
+        return Downloaded(path, sha256, size, filename, redact(url))
 
     # checks and messages ------------------------------------------------------
     def _check_size(self, wheel: LockedWheel, size: int, url: str, filename: str) -> None:

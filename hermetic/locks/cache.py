@@ -16,21 +16,19 @@ from typing import Any
 from hermetic import fs
 from hermetic.locks.types import Lock, LockedWheel
 
-CACHE_VERSION = 1
 
-
-def read_lock_cached(state: Path, path: Path) -> Lock:
-    cache = state / "locks" / (fs.sha256_bytes(str(path.resolve()).encode())[:24] + ".json")
-    key = [CACHE_VERSION, fs.fingerprint(path), fs.fingerprint(Path(sys.executable).resolve())]
-    try:
-        data = json.loads(cache.read_text())
-        if data["key"] == json.loads(json.dumps(key)):
-            return _decode(data["lock"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+def read_lock_cached(cache: fs.FingerprintCache, path: Path) -> Lock:
+    """``path`` parsed for the running interpreter, from ``cache`` (root's ``locks`` bucket) while the lock and
+    the interpreter are unchanged."""
+    found = cache.get(str(path.resolve()))
+    if isinstance(found, dict):
+        try:
+            return _decode(found)
+        except (KeyError, TypeError, ValueError):
+            pass  # a record of another shape: parse again
     from hermetic.locks.read import read_lock
     lock = read_lock(path)
-    fs.atomic_write(cache, fs.canonical_json({"key": key, "lock": _encode(lock)}), durable=False)
+    cache.put(str(path.resolve()), _encode(lock), [path, Path(sys.executable).resolve()])
     return lock
 
 

@@ -7,14 +7,11 @@ installer, requests nor torch, and touches nothing in the store.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from hermetic import fs
 from hermetic.root import Root
 from hermetic.store import Store
 
@@ -30,54 +27,48 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)
     receipt: Path | None = None
     changed: bool = False
+    python: str | None = None          # the recipe's host interpreter (None: the one running hermetic)
+    archs: list[str] = field(default_factory=list)   # GPU architectures its modules were built for
+    cuda: str | None = None            # its toolchain's CUDA release
 
 
-def _state_path(root: Root, recipe_path: Path, variant: str | None) -> Path:
-    key = f"{recipe_path.resolve()}\0{variant or ''}"
-    return root.state / "realize" / (fs.sha256_bytes(key.encode())[:24] + ".json")
-
-
-def _fingerprints(recipe_path: Path, paths: list[Path]) -> dict[str, Any]:
-    # the running interpreter is an input too: its tags and markers chose the wheels
-    every = [recipe_path.resolve(), *paths, Path(sys.executable).resolve()]
-    return {str(p): fs.fingerprint(p) for p in every}
+def _key(recipe_path: Path, variant: str | None) -> str:
+    return f"{recipe_path.resolve()}\0{variant or ''}"
 
 
 def record_inputs(root: Root, recipe_path: Path, variant: str | None, paths: list[Path], outcome: Outcome) -> None:
-    state = {"format": 1, "name": outcome.name, "inputs": _fingerprints(recipe_path, paths),
-             "locks": [str(p) for p in paths], "tree": outcome.tree, "entries": outcome.entries,
-             "counts": outcome.counts, "profile": os.readlink(outcome.profile),
-             "receipt": str(outcome.receipt) if outcome.receipt else None}
-    path = _state_path(root, recipe_path, variant)
-    data = fs.canonical_json(state)
-    if not (path.exists() and path.read_bytes() == data):
-        fs.atomic_write(path, data, durable=False)
+    """What a later no-op trusts: the fingerprints of the recipe, every input it read and the running
+    interpreter (its tags and markers chose the wheels), and what this realize produced."""
+    value = {"name": outcome.name, "tree": outcome.tree, "entries": outcome.entries, "counts": outcome.counts,
+             "profile": os.readlink(outcome.profile), "receipt": str(outcome.receipt) if outcome.receipt else None,
+             "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda}
+    inputs = [recipe_path.resolve(), *paths, Path(sys.executable).resolve()]
+    root.cache("realize").put(_key(recipe_path, variant), value, inputs)
 
 
 def noop_check(root: Root, recipe_path: Path, variant: str | None = None) -> Outcome | None:
     """The previous outcome when no input changed and every entry is still there, else None."""
+    state = root.cache("realize").get(_key(recipe_path, variant))
+    if not isinstance(state, dict):
+        return None
     try:
-        state = json.loads(_state_path(root, recipe_path, variant).read_text())
-        locks = [Path(p) for p in state["locks"]]
-        recorded = {k: tuple(v) if v else None for k, v in state["inputs"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if recorded != _fingerprints(recipe_path, locks):
-        return None
-    store = Store(root.store)
-    profile = root.profiles / state["name"]
-    if not store.exists() or not all(store.use(e) for e in state["entries"]):
-        return None
-    if not profile.is_symlink() or os.readlink(profile) != state["profile"]:
-        return None
-    if not (root.roots / f"{state['name']}.json").exists():
-        return None
-    receipt = Path(state["receipt"]) if state.get("receipt") else None
-    wheels = int(state["counts"].get("wheels", 0))
-    counts = {"wheels": wheels, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": wheels,
-              "files": int(state["counts"].get("files", 0))}
-    if "objects_objects" in state["counts"]:
-        n = int(state["counts"]["objects_objects"])
-        counts.update({"objects_objects": n, "objects_reused": n, "objects_compiled": 0})
-    return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], state["entries"],
-                   counts, {}, receipt, changed=False)
+        store = Store(root.store)
+        profile = root.profiles / state["name"]
+        if not store.exists() or not all(store.use(e) for e in state["entries"]):
+            return None
+        if not profile.is_symlink() or os.readlink(profile) != state["profile"]:
+            return None
+        if not (root.roots / f"{state['name']}.json").exists():
+            return None
+        receipt = Path(state["receipt"]) if state.get("receipt") else None
+        wheels = int(state["counts"].get("wheels", 0))
+        counts = {"wheels": wheels, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": wheels,
+                  "files": int(state["counts"].get("files", 0))}
+        if "objects_objects" in state["counts"]:
+            n = int(state["counts"]["objects_objects"])
+            counts.update({"objects_objects": n, "objects_reused": n, "objects_compiled": 0})
+        return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], list(state["entries"]),
+                       counts, {}, receipt, changed=False, python=state["python"], archs=list(state["archs"]),
+                       cuda=state["cuda"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a record of another shape: re-derive it

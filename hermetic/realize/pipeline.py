@@ -1,7 +1,18 @@
-"""realize: qualify, fetch, materialize, toolchain, (sources, build, check), receipt.
+"""realize: a recipe into the store, as the steps of docs/builds.md.
 
-Each step is one function below; ``realize`` reads as the list. A realize whose inputs have not changed
-fetches nothing, writes nothing in the store and imports neither requests nor torch.
+    0. no-op      has anything changed? (``realize.noop``; the caller asks, once per command)
+    1. validate   the recipe and its variants; the store and the remote cache opened
+    2. qualify    the host interpreter (for a recipe that builds) and the locks, for its markers and tags
+    3. fetch      every locked wheel not yet in the store, unpacked once
+    4. toolchain  the CUDA toolchain's tree, checked against torch
+    5. sources    the source trees of every variant, patched
+    6. build      every extension of every variant: certified reuse, compiles, links, certificates
+    7. materialize  the environment's tree (wheels and modules) and its profile
+    8. check      the modules imported together in a fresh interpreter, no CUDA context
+    9. receipt    the gc root, the receipt, the no-op record
+
+A realize whose inputs have not changed stops at step 0: it fetches nothing, writes nothing in the store
+and imports neither requests nor torch (this module is not even imported then).
 """
 
 from __future__ import annotations
@@ -11,98 +22,187 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermetic.audit import OutsideRootAudit
 from hermetic.build.toolchain import toolchain_links
 from hermetic.errors import BadInput
 from hermetic.locks.cache import read_lock_cached
-from hermetic.realize.noop import Outcome, noop_check, record_inputs
-from hermetic.realize.receipt import _receipt_records, latest_receipt, write_receipt
+from hermetic.locks.types import Lock
+from hermetic.realize.noop import Outcome, record_inputs
+from hermetic.realize.receipt import latest_receipt, receipt_describes, write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import Store
+from hermetic.store import Store, entry_ref, split_refs
+from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
-from hermetic.wheels.unpacked import fetch_and_unpack
+from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack
 
 if TYPE_CHECKING:
+    from hermetic.build.sources import SourceTree
+    from hermetic.build.variants import PreparedToolchain, RecipeBuild
     from hermetic.remote.layout import Sharing
     from hermetic.remote.settings import RemoteOptions
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
             explain: bool = False, remote: RemoteOptions | None = None) -> Outcome:
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    unchanged = None if explain else noop_check(root, recipe_path, variant)   # 0. anything changed?
-    if unchanged is not None:
-        unchanged.timings["total"] = round(time.monotonic() - started, 4)
-        return unchanged
-    from hermetic.audit import OutsideRootAudit
-    audit = OutsideRootAudit(root.path)                         # what children leave outside the root
-    audit.start()
+    """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``)."""
+    r = Realization(root, recipe_path, reporter, variant, explain, remote)
+    r.validate()        # 1
+    r.qualify()         # 2
+    r.fetch()           # 3
+    r.toolchain()       # 4
+    r.sources()         # 5
+    r.build()           # 6
+    r.materialize()     # 7
+    r.check()           # 8
+    return r.receipt()  # 9
 
-    def lap(step: str, t: float) -> float:
+
+class Realization:
+    """The state one realize carries from step to step."""
+
+    def __init__(self, root: Root, recipe_path: Path, reporter: Reporter, variant: str | None, explain: bool,
+                 remote: RemoteOptions | None) -> None:
+        self.root, self.recipe_path, self.reporter = root, recipe_path, reporter
+        self.variant, self.explain, self.remote_options = variant, explain, remote
+        self.started = self.lap_started = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
+        self.report: dict[str, Any] = {}
+        self.audit = OutsideRootAudit(root.path)   # what children leave outside the root
+        self.audit.start()
+        self.share: Sharing | None = None
+        self.facts: dict[str, Any] | None = None
+        self.locks: list[Lock] = []
+        self.toolchain_lock: Lock | None = None
+        self.unpacked: list[Unpacked] = []
+        self.toolchain_unpacked: list[Unpacked] = []
+        self.tc: PreparedToolchain | None = None
+        self.trees: dict[str, dict[str, SourceTree]] = {}
+        self.built: RecipeBuild | None = None
+        self.files: FileMap = {}
+        self.refs: list[str] = []
+        self.tree = ""
+        self.tree_built = False
+        self.profile = root.profiles
+
+    def lap(self, step: str) -> None:
         now = time.monotonic()
-        timings[step] = round(now - t, 4)
-        return now
+        self.timings[step] = round(now - self.lap_started, 4)
+        self.lap_started = now
 
-    t = started
-    recipe = load_recipe(recipe_path)                            # 1. validate
-    variants = _chosen_variants(recipe, variant)
-    name = recipe.name if variant is None else f"{recipe.name}.{variant}"
-    root.ensure()
-    store = Store(root.store).open()
-    share = open_sharing(store, recipe, remote, reporter)       # the remote cache, if one is configured
-    builds = bool(recipe.extensions)
-    env_locks = [p for p in recipe.locks if not (builds and p == recipe.toolchain_lock)]
-    locks = [read_lock_cached(root.state, p) for p in env_locks]       # 2. qualify (tags and markers)
-    t = lap("qualify", t)
-    counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
-    unpacked = fetch_and_unpack(root, store, locks, reporter, counts, share)   # 3. fetch
-    t = lap("fetch", t)
-    files = merge_files((u.entry, u.files) for u in unpacked)    # 4. materialize
-    links = toolchain_links(recipe.toolchain, files) if recipe.toolchain and not builds else {}
-    refs = [f"entry:{u.entry}" for u in unpacked]
-    report: dict[str, Any] = {}
-    changed = False
-    if builds:                                                   # 5-8. toolchain, sources, build, check
-        from hermetic.build.variants import build_recipe  # compilers' machinery only for recipes that build
-        result = build_recipe(root, store, recipe, variants, reporter, counts, explain, share)
-        t = lap("build", t)
-        files.update({m.filename: (m.digest, False) for m in result.modules})
-        refs += result.refs
-        report = result.report
-        changed = result.changed
-    reporter.event("phase", phase="materializing")
-    tree, built = build_tree(store, name, files, links, refs=refs)
-    profile = set_profile(root.profiles, name, store, tree)
-    if builds:
+    @property
+    def builds(self) -> bool:
+        return bool(self.recipe.extensions)
+
+    def validate(self) -> None:
+        self.recipe = load_recipe(self.recipe_path)
+        self.variants = _chosen_variants(self.recipe, self.variant)
+        self.name = self.recipe.name if self.variant is None else f"{self.recipe.name}.{self.variant}"
+        self.root.ensure()
+        self.store = Store(self.root.store).open()
+        self.share = open_sharing(self.store, self.recipe, self.remote_options, self.reporter)
+        if self.builds:
+            from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
+            check_builds(self.recipe)
+
+    def qualify(self) -> None:
+        cache = self.root.cache("locks")
+        tc_lock = self.recipe.toolchain_lock if self.builds else None
+        self.locks = [read_lock_cached(cache, p) for p in self.recipe.locks if p != tc_lock]
+        if tc_lock is not None:
+            self.toolchain_lock = read_lock_cached(cache, tc_lock)
+        if self.builds:
+            from hermetic.build.host import qualify
+            self.facts = qualify(self.root, self.recipe.python, need_torch=True)
+        self.lap("qualify")
+
+    def fetch(self) -> None:
+        self.unpacked = fetch_and_unpack(self.root, self.store, self.locks, self.reporter, self.counts, self.share)
+        if self.toolchain_lock is not None:
+            self.toolchain_unpacked = fetch_and_unpack(self.root, self.store, [self.toolchain_lock], self.reporter,
+                                                       self.counts, self.share)
+        self.lap("fetch")
+
+    def toolchain(self) -> None:
+        if not self.builds:
+            return
+        from hermetic.build.variants import prepare_toolchain
+        assert self.facts is not None
+        self.tc = prepare_toolchain(self.root, self.store, self.recipe, self.toolchain_unpacked, self.facts,
+                                    self.reporter)
+        self.lap("toolchain")
+
+    def sources(self) -> None:
+        if not self.builds:
+            return
+        from hermetic.build.variants import prepare_sources
+        self.trees = prepare_sources(self.root, self.store, self.recipe, self.variants, self.reporter, self.share)
+        self.lap("sources")
+
+    def build(self) -> None:
+        if not self.builds:
+            return
+        from hermetic.build.variants import build_variants
+        assert self.facts is not None and self.tc is not None
+        self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
+                                    self.trees, self.reporter, self.counts, self.explain, self.share)
+        self.report.update(self.built.report)
+        self.lap("build")
+
+    def materialize(self) -> None:
+        self.reporter.event("phase", phase="materializing")
+        self.files = merge_files((u.entry, u.files) for u in self.unpacked)
+        links = toolchain_links(self.recipe.toolchain, self.files) if self.recipe.toolchain and not self.builds \
+            else {}
+        self.refs = [entry_ref(u.entry) for u in self.unpacked]
+        if self.built is not None:
+            self.files.update({m.filename: (m.digest, False) for m in self.built.modules})
+            self.refs += self.built.refs
+        self.tree, self.tree_built = build_tree(self.store, self.name, self.files, links, refs=self.refs)
+        self.profile = set_profile(self.root.profiles, self.name, self.store, self.tree)
+        self.lap("materialize")
+
+    def check(self) -> None:
+        if self.built is None:
+            return
         from hermetic.build.importcheck import import_check
-        reporter.event("phase", phase="checking")
-        report["import_check"] = import_check(root, report["host"]["executable"], profile,
-                                              [m.module for m in result.modules], tree, result.env)
-        t = lap("check", t)
-    else:
-        t = lap("materialize", t)
-    counts["files"] = len(files)
-    if share is not None:
-        report["remote"] = share.summary()
-        share.close()
-    entries = sorted({tree, *(r[len("entry:"):] for r in refs if r.startswith("entry:"))})
-    outcome = Outcome(name, recipe.path, profile, tree, entries, counts, timings,
-                      changed=changed or built or counts["fetched"] > 0 or counts["unpacked"] > 0)
-    reporter.event("phase", phase="receipt")
-    outcome.changed |= write_root(root, name, recipe.path, entries)   # 9. receipt and gc root
-    latest = None if outcome.changed else latest_receipt(root, name)
-    if latest is None or not _receipt_records(latest, tree, store):  # also when a killed realize wrote none
-        report["outside_root_audit"] = audit.finish()
-        outcome.receipt = write_receipt(root, outcome, locks, unpacked, report)
-    else:
-        outcome.receipt = latest
-    record_inputs(root, recipe.path, variant, _input_paths(recipe, report), outcome)
-    lap("receipt", t)
-    timings["total"] = round(time.monotonic() - started, 4)
-    return outcome
+        self.reporter.event("phase", phase="checking")
+        self.report["import_check"] = import_check(self.root, self.report["host"]["executable"], self.profile,
+                                                   [m.module for m in self.built.modules], self.tree,
+                                                   self.built.env)
+        self.lap("check")
+
+    def receipt(self) -> Outcome:
+        self.counts["files"] = len(self.files)
+        if self.share is not None:
+            self.report["remote"] = self.share.summary()
+            self.share.close()
+        entries = sorted({self.tree, *split_refs(self.refs)[0]})
+        changed = (self.built is not None and self.built.changed) or self.tree_built \
+            or self.counts["fetched"] > 0 or self.counts["unpacked"] > 0
+        tc = self.recipe.toolchain
+        outcome = Outcome(self.name, self.recipe.path, self.profile, self.tree, entries, self.counts, self.timings,
+                          changed=changed, python=self.recipe.python, archs=list(tc.archs) if tc else [],
+                          cuda=tc.cuda if tc else None)
+        self.reporter.event("phase", phase="receipt")
+        outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
+        latest = None if outcome.changed else latest_receipt(self.root, self.name)
+        if latest is None or not receipt_describes(latest, self.tree, self.store):  # or a killed realize wrote none
+            self.report["outside_root_audit"] = self.audit.finish()
+            outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
+                                            [*self.unpacked, *self.toolchain_unpacked], self.report)
+        else:
+            outcome.receipt = latest
+        record_inputs(self.root, self.recipe.path, self.variant, _input_paths(self.recipe, self.report), outcome)
+        self.lap("receipt")
+        self.timings["total"] = round(time.monotonic() - self.started, 4)
+        return outcome
+
+    def toolchain_locks(self) -> list[Lock]:
+        return [self.toolchain_lock] if self.toolchain_lock is not None else []
 
 
 def _chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:

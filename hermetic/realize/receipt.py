@@ -39,7 +39,7 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     return path
 
 
-def _receipt_records(receipt: Path, tree: str, store: Store) -> bool:
+def receipt_describes(receipt: Path, tree: str, store: Store) -> bool:
     """Whether a receipt describes ``tree``, with its certificates still sound (a corrupt one is not reused
     as this realize's record: a new receipt names the certificate just written)."""
     try:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermetic import fs
 from hermetic.remote.actionresult import SHA256_RE, OutputFile, decode_action_result, encode_action_result
 from hermetic.remote.settings import RemoteSettings
 from hermetic.reporter import Reporter
@@ -120,22 +120,18 @@ class BazelHttpCache:
         resp = self._request("GET", f"cas/{digest}", listed=listed, stream=True)
         if resp is None or isinstance(resp, _Miss):
             return None
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=directory, prefix=".remote-", suffix=".part")
-        path = Path(name)
-        h, got = hashlib.sha256(), 0
+        path = fs.new_temp_file(directory, ".remote-", ".part")
+        limit = size if size is not None else max_size
         try:
-            with resp, os.fdopen(fd, "wb") as out:
-                for chunk in resp.iter_content(CHUNK):
-                    got += len(chunk)
-                    if got > (size if size is not None else max_size):
-                        raise _BadBody(f"more than {size if size is not None else max_size} bytes")
-                    h.update(chunk)
-                    out.write(chunk)
+            with resp:
+                try:
+                    sha256, got = fs.write_hashed(resp.iter_content(CHUNK), path, limit=limit, fresh=False)
+                except fs.TooLarge:
+                    raise _BadBody(f"more than {limit} bytes") from None
             if size is not None and got != size:
                 raise _BadBody(f"{got} bytes, expected {size}")
-            if h.hexdigest() != digest:
-                raise _BadBody(f"other content (sha256 {h.hexdigest()[:16]}…)")
+            if sha256 != digest:
+                raise _BadBody(f"other content (sha256 {sha256[:16]}…)")
         except _BadBody as e:
             path.unlink(missing_ok=True)
             self._wrong_content(digest, str(e))

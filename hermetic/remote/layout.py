@@ -24,15 +24,16 @@ import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from hermetic import fs
-from hermetic.build.objects import Decision, ObjectCache, object_bytes
+from hermetic.build.objects import Chosen, ObjectCache, object_bytes
 from hermetic.build.plan import Compile
 from hermetic.keys import lookup_key, object_key, split_defines
 from hermetic.remote.actionresult import SHA256_RE, OutputFile
 from hermetic.remote.backend import Backend
-from hermetic.store import STORE_FORMAT, Store, entry_name
+from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
+from hermetic.store.records import ObjectRecord
 
 AC_SALT = "hermetic-remote-v1"
 MAX_CANDIDATES = 16          # object records kept per lookup key (newest first)
@@ -98,12 +99,12 @@ class Sharing:
         if not by_lookup or not self.remote.usable:
             return set()
         records = dict(zip(by_lookup, _parallel(self._records, list(by_lookup)), strict=True))
-        wanted: dict[str, dict[str, Any]] = {}
+        wanted: dict[str, ObjectRecord] = {}
         for lk, cs in by_lookup.items():
             for c in cs:  # input hashes in this thread: the hasher is the build's
                 chosen = cache.choose(c, records[lk]) if records[lk] else None
-                if chosen is not None and not isinstance(chosen, Decision):
-                    wanted[c.rel] = chosen[0]
+                if isinstance(chosen, Chosen):
+                    wanted[c.rel] = chosen.record
         pairs = sorted({(m["object"], m["size"]) for m in wanted.values()})
         ok = _parallel(lambda pair: self.fetch_blob([pair[0]], pair[1], listed=True) is not None, pairs)
         got = {digest for (digest, _size), fine in zip(pairs, ok, strict=True) if fine}
@@ -115,10 +116,10 @@ class Sharing:
         self.counts["objects_fetched"] += len(fetched)
         return fetched
 
-    def _records(self, lookup: str) -> list[dict[str, Any]]:
+    def _records(self, lookup: str) -> list[ObjectRecord]:
         """The valid object records the remote lists under ``lookup`` and this store does not have."""
         files = self.remote.get_ac(objects_key(lookup))
-        out = []
+        out: list[ObjectRecord] = []
         for name, (meta_file, object_file) in _manifest(files or []).items():
             if self.store.has_entry(name):
                 continue  # the local lookup already weighed it
@@ -129,27 +130,27 @@ class Sharing:
             if why is not None:
                 self.remote.failed(f"object record {name} is not valid ({why}); ignoring it")
                 continue
-            out.append(json.loads(data))
+            out.append(cast(ObjectRecord, json.loads(data)))  # checked field by field just now
         return out
 
-    def upload_objects(self, metas: Iterable[dict[str, Any]]) -> None:
+    def upload_objects(self, metas: Iterable[ObjectRecord]) -> None:
         """Share object records (CAS blobs first, then the list of their lookup key). Records the list
         already holds cost one GET per lookup key and no upload."""
-        by_lookup: dict[str, list[dict[str, Any]]] = {}
+        by_lookup: dict[str, list[ObjectRecord]] = {}
         for meta in metas:
             by_lookup.setdefault(meta["lookup"], []).append(meta)
         if by_lookup and self.remote.writable:
             self.counts["objects_uploaded"] += sum(_parallel(self._upload_lookup, list(by_lookup.items())))
 
-    def _upload_lookup(self, item: tuple[str, list[dict[str, Any]]]) -> int:
+    def _upload_lookup(self, item: tuple[str, list[ObjectRecord]]) -> int:
         lookup, metas = item
         key = objects_key(lookup)
         listed = _manifest(self.remote.get_ac(key) or [])
         added: list[tuple[OutputFile, OutputFile]] = []
         for meta in metas:
             # the team's records name the object's own bytes: how this store keeps them is its own affair
-            shared = {k: v for k, v in meta.items() if k != "packed"}
-            shared["refs"] = [f"blob:{meta['object']}"]
+            shared: ObjectRecord = {**meta, "refs": [blob_ref(meta["object"])]}
+            shared.pop("packed", None)
             data = fs.canonical_json(shared)
             digest = fs.sha256_bytes(data)
             if meta["name"] in listed and listed[meta["name"]][0].digest == digest:
@@ -165,7 +166,7 @@ class Sharing:
         pairs = (added + kept)[:MAX_CANDIDATES]
         return len(added) if self.remote.put_ac(key, [f for pair in pairs for f in pair]) else 0
 
-    def _put_object(self, meta: dict[str, Any]) -> bool:
+    def _put_object(self, meta: ObjectRecord) -> bool:
         if not meta.get("packed"):
             return self.remote.put_cas_file(meta["object"], self.store.blob_path(meta["object"]))
         data = object_bytes(self.store, meta)

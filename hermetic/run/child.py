@@ -390,6 +390,8 @@ def main(argv: list[str]) -> int:
                "digests": digests, "samples": samples, "blocks": blocks,
                "flags": {**flags, "own_gpu_pids": plan["own_gpu_pids"], "gpu_pids_before": sorted(before)},
                "measure_seconds": round(time.monotonic() - t0 - t_checks, 3)}
+    # The one file this process writes, atomically by hand: it imports nothing from hermetic (it runs in the host
+    # interpreter inside the realized environment, where hermetic.fs is not its library).
     tmp = plan["results"] + ".tmp"
     with open(tmp, "w") as f:
         json.dump(results, f)

@@ -58,9 +58,8 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
         reporter.event("lock-wait", f"waiting up to {timeout:g} s for {what} ({path}"
                                     f"{'; held by ' + holder if holder else ''})", path=str(path))
         lock.acquire()
-    with path.open("w") as f:  # who holds it, for the next one who waits
-        f.write(f"pid {os.getpid()} on {socket.gethostname()} since "
-                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+    lock.note(f"pid {os.getpid()} on {socket.gethostname()} since "
+              f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
     try:
         os.chmod(path, 0o666)
     except OSError:

@@ -1,9 +1,14 @@
-"""`hermetic run RUNNER.toml`: the whole-worker measurement, inside the realized store.
+"""`hermetic run RUNNER.toml`: the whole-worker measurement, inside the realized store, as the steps of
+docs/run.md:
 
-    run = runner (validate) -> realize each recipe the device needs -> device lock (flock, waits)
-          -> preconditions (NVML, read-only) -> measuring process (cleared environment, affinity, nice,
-          threads, address space on a CPU, resident-memory guard) -> exactness and digests -> statistics
-          -> results, report, plot, receipt (a gc root)
+    1. validate       the runner file
+    2. realize        each recipe the device needs (the no-op check once each)
+    3. lock           the device (a machine-wide flock, waiting up to the runner's limit)
+    4. preconditions  of the GPU, read through NVML, never changed
+    5-7. measure      in the measuring process (cleared environment, affinity, nice, threads, address space
+                      on a CPU, the resident-memory guard): exactness, digests, the interleaved protocol
+    8. analyse        statistics, the A/A control, drift, the digests against the reference
+    9. outputs        results, report, plot, receipt (a gc root)
 
 The measuring process is ``hermetic.run.child`` in the host interpreter with the realized modules first on
 its import path; everything here around it imports no torch.
@@ -28,6 +33,7 @@ from hermetic.run.analysis import analyze
 from hermetic.run.devices import cpu_facts, gpu_preconditions, lock_dir, pick_device, take_lock
 from hermetic.run.digests import check_digests, device_class
 from hermetic.run.spec import Runner, load_runner
+from hermetic.store import entry_ref
 
 
 @dataclass
@@ -43,19 +49,17 @@ class RunOutcome:
 def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None
                 ) -> list[dict[str, Any]]:
     from hermetic.realize.noop import noop_check
-    from hermetic.realize.pipeline import realize
-    from hermetic.recipe import load_recipe
     out = []
     for path in runner.device(kind).realize:
-        outcome = noop_check(root, path, None) or realize(root, path, reporter, remote=remote)
-        recipe = load_recipe(path)
+        outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
+        if outcome is None:
+            from hermetic.realize.pipeline import realize
+            outcome = realize(root, path, reporter, remote=remote)
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
                     "receipt": str(outcome.receipt) if outcome.receipt else None,
-                    "python": recipe.python or sys.executable,
-                    "archs": list(recipe.toolchain.archs) if recipe.toolchain else [],
-                    "cuda": recipe.toolchain.cuda if recipe.toolchain else None})
+                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda})
         reporter.event("run-realize", f"{'realized' if outcome.changed else 'up to date:'} {outcome.name}")
     return out
 
@@ -161,129 +165,183 @@ def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "aut
         peer_index: int | None = None, repetitions: int | None = None, power_cap: float | None = None,
         lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False,
         remote: Any = None) -> RunOutcome:
-    started = time.monotonic()
-    timings: dict[str, float] = {}
-    runner = load_runner(runner_path).with_overrides(repetitions=repetitions, power_cap_w=power_cap,
-                                                     lock_timeout=lock_timeout, states=states)
-    kind = pick_device(device)
-    spec = runner.device(kind)
-    root.ensure()
-    audit = _audit(root)
-    realized = realize_all(root, runner, kind, reporter, remote)
-    timings["realize"] = round(time.monotonic() - started, 3)
-    from hermetic.store import Store
-    store = Store(root.store).open()
-    for r in realized:  # a running `hermetic run` holds what it measures alive
-        for e in r["entries"]:
-            store.temproots.add(f"entry:{e}")
-
-    gpu = peer = None
-    if peer_index is not None and (kind != "gpu" or peer_index == gpu_index):
-        raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
-                       hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
-    wanted: list[tuple[str, str]] = []   # (lock file, what) in a fixed order: no two runs deadlock
-    if kind == "gpu":
-        from hermetic.run.gpu import nvml_facts
-        gpu = nvml_facts(gpu_index)
-        peer = nvml_facts(peer_index) if peer_index is not None else None
-        wanted = sorted((f"gpu-{g.uuid}.lock", f"GPU {g.index} ({g.uuid})") for g in (gpu, peer) if g is not None)
-        timeout = spec.lock_timeout
-    else:
-        wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
-        timeout = runner.protocol.cpu_lock_timeout
-    ldir = lock_dir(spec.lock_dir if kind == "gpu" else None)
-    locks: list[fs.FileLock] = []
-    waited = 0.0
+    """The steps of docs/run.md."""
+    m = Measurement(root, reporter, device, gpu_index, peer_index, record_digests, remote)
+    m.validate(runner_path, repetitions=repetitions, power_cap_w=power_cap, lock_timeout=lock_timeout,
+               states=states)   # 1
+    m.realize()                 # 2
     try:
-        for lock_name, what in wanted:
-            lk, w = take_lock(ldir, lock_name, timeout, reporter, what)
-            locks.append(lk)
-            waited += w
-        timings["lock_wait"] = round(waited, 3)
-        if gpu is not None:
-            gpu = gpu_preconditions(runner, realized, gpu_index, spec)
-            if peer_index is not None:
-                peer = gpu_preconditions(runner, realized, peer_index, spec, peer=True)
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        run_dir = root.path / "runs" / f"{runner.name}-{stamp}-{os.getpid()}"
-        run_dir.mkdir(parents=True)
-        reporter.event("run-start", f"measuring {runner.name} on the {kind} ({len(runner.cells)} cells x "
-                                    f"{len(spec.kernels)} kernel sets, {runner.protocol.repetitions} repetitions)")
-        t = time.monotonic()
-        raw, guard, rc, tail = measure_in_child(root, runner, kind, realized, gpu, peer, run_dir, reporter)
-        timings["measure"] = round(time.monotonic() - t, 3)
+        m.lock()                # 3
+        m.preconditions()       # 4
+        m.measure()             # 5-7: the measuring process checks exactness and runs the protocol
     finally:
-        for lk in reversed(locks):
-            lk.release()
+        m.unlock()
+    m.analyse()                 # 8 (and the digests of step 6)
+    return m.outputs()          # 9
 
-    body: dict[str, Any] = {
-        "format": 1, "kind": "run", "hermetic": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "runner": {"name": runner.name, "path": str(runner.path), "sha256": fs.sha256_file(runner.path)[0]},
-        "worker": {"path": str(runner.worker), "sha256": fs.sha256_file(runner.worker)[0]},
-        "states": {"path": str(runner.states), "sha256": fs.sha256_file(runner.states)[0]},
-        "device": kind, "realized": [{k: r[k] for k in ("name", "recipe", "tree", "receipt")} for r in realized],
-        "refs": sorted({f"entry:{e}" for r in realized for e in r["entries"]}),
-        "cpu": cpu_facts(spec), "gpu": gpu.to_json() if gpu else None, "peer_gpu": peer.to_json() if peer else None,
-        "locks": {"paths": [str(ldir / n) for n, _ in wanted], "waited_s": round(waited, 3)},
-        "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
-                   "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
-        "memory_guard": guard, "run_dir": str(run_dir),
-    }
-    code = 0
-    if raw is None:
-        if guard["tripped"]:
-            reason = (f"the memory guard stopped the run: resident memory {guard['stopped']['rss'] / 2**20:.0f} MiB "
-                      f"over the limit of {guard['limit'] / 2**20:.0f} MiB")
+
+class Measurement:
+    """The state one ``hermetic run`` carries from step to step."""
+
+    def __init__(self, root: Root, reporter: Reporter, device: str, gpu_index: int, peer_index: int | None,
+                 record_digests: bool, remote: Any) -> None:
+        self.root, self.reporter, self.device = root, reporter, device
+        self.gpu_index, self.peer_index, self.record_digests, self.remote = gpu_index, peer_index, record_digests, \
+            remote
+        self.started = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.gpu: Any = None
+        self.peer: Any = None
+        self.wanted: list[tuple[str, str]] = []   # (lock file, what) in a fixed order: no two runs deadlock
+        self.locks: list[fs.FileLock] = []
+        self.waited = 0.0
+        self.raw: dict[str, Any] | None = None
+        self.body: dict[str, Any] = {}
+        self.code = 0
+
+    def validate(self, runner_path: Path, **overrides: Any) -> None:
+        self.runner = load_runner(runner_path).with_overrides(**overrides)
+        self.kind = pick_device(self.device)
+        self.spec = self.runner.device(self.kind)
+        if self.peer_index is not None and (self.kind != "gpu" or self.peer_index == self.gpu_index):
+            raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
+                           hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
+        self.root.ensure()
+        self.audit = _audit(self.root)
+
+    def realize(self) -> None:
+        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote)
+        self.timings["realize"] = round(time.monotonic() - self.started, 3)
+        from hermetic.store import Store
+        store = Store(self.root.store).open()
+        for r in self.realized:  # a running `hermetic run` holds what it measures alive
+            for e in r["entries"]:
+                store.pin_entry(e)
+
+    def lock(self) -> None:
+        if self.kind == "gpu":
+            from hermetic.run.gpu import nvml_facts
+            self.gpu = nvml_facts(self.gpu_index)
+            self.peer = nvml_facts(self.peer_index) if self.peer_index is not None else None
+            self.wanted = sorted((f"gpu-{g.uuid}.lock", f"GPU {g.index} ({g.uuid})")
+                                 for g in (self.gpu, self.peer) if g is not None)
+            timeout = self.spec.lock_timeout
         else:
-            reason = f"the measuring process failed (exit {rc}): " + " | ".join(tail[-5:])
-        body.update(status="failed", reason=reason)
-        code = 1
-    else:
+            self.wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
+            timeout = self.runner.protocol.cpu_lock_timeout
+        self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
+        for lock_name, what in self.wanted:
+            lk, w = take_lock(self.lock_dir, lock_name, timeout, self.reporter, what)
+            self.locks.append(lk)
+            self.waited += w
+        self.timings["lock_wait"] = round(self.waited, 3)
+
+    def unlock(self) -> None:
+        for lk in reversed(self.locks):
+            lk.release()
+        self.locks.clear()
+
+    def preconditions(self) -> None:
+        if self.gpu is not None:
+            self.gpu = gpu_preconditions(self.runner, self.realized, self.gpu_index, self.spec)
+            if self.peer_index is not None:
+                self.peer = gpu_preconditions(self.runner, self.realized, self.peer_index, self.spec, peer=True)
+
+    def measure(self) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.run_dir = self.root.path / "runs" / f"{self.runner.name}-{stamp}-{os.getpid()}"
+        self.run_dir.mkdir(parents=True)
+        self.reporter.event("run-start", f"measuring {self.runner.name} on the {self.kind} ({len(self.runner.cells)} "
+                                         f"cells x {len(self.spec.kernels)} kernel sets, "
+                                         f"{self.runner.protocol.repetitions} repetitions)")
+        t = time.monotonic()
+        self.raw, self.guard, self.rc, self.tail = measure_in_child(self.root, self.runner, self.kind, self.realized,
+                                                                    self.gpu, self.peer, self.run_dir, self.reporter)
+        self.timings["measure"] = round(time.monotonic() - t, 3)
+
+    def analyse(self) -> None:
+        runner, kind, spec, gpu, peer = self.runner, self.kind, self.spec, self.gpu, self.peer
+        self.body = {
+            "format": 1, "kind": "run", "hermetic": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "runner": {"name": runner.name, "path": str(runner.path), "sha256": fs.sha256_file(runner.path)[0]},
+            "worker": {"path": str(runner.worker), "sha256": fs.sha256_file(runner.worker)[0]},
+            "states": {"path": str(runner.states), "sha256": fs.sha256_file(runner.states)[0]},
+            "device": kind,
+            "realized": [{k: r[k] for k in ("name", "recipe", "tree", "receipt")} for r in self.realized],
+            "refs": sorted({entry_ref(e) for r in self.realized for e in r["entries"]}),
+            "cpu": cpu_facts(spec), "gpu": gpu.to_json() if gpu else None,
+            "peer_gpu": peer.to_json() if peer else None,
+            "locks": {"paths": [str(self.lock_dir / n) for n, _ in self.wanted], "waited_s": round(self.waited, 3)},
+            "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
+                       "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
+            "memory_guard": self.guard, "run_dir": str(self.run_dir),
+        }
+        raw = self.raw
+        if raw is None:
+            guard = self.guard
+            if guard["tripped"]:
+                reason = (f"the memory guard stopped the run: resident memory {guard['stopped']['rss'] / 2**20:.0f} "
+                          f"MiB over the limit of {guard['limit'] / 2**20:.0f} MiB")
+            else:
+                reason = f"the measuring process failed (exit {self.rc}): " + " | ".join(self.tail[-5:])
+            self.body.update(status="failed", reason=reason)
+            self.code = 1
+            return
         t = time.monotonic()
         analysis = analyze(raw, runner, kind)
         cls = device_class(kind, raw["environment"])
-        dig = check_digests(raw["digests"], runner.digests, cls, record=record_digests, runner_name=runner.name)
+        dig = check_digests(raw["digests"], runner.digests, cls, record=self.record_digests, runner_name=runner.name)
         exact = raw["exactness"]
         checks = {"exactness": {"comparisons": exact["comparisons"], "mismatches": len(exact["mismatches"]),
                                 "passed": not exact["mismatches"]},
                   "digests": {**{k: v for k, v in dig.items() if k != "mismatches"},
                               "mismatches": len(dig["mismatches"])}}
         failed = bool(exact["mismatches"]) or dig["status"] == "mismatch"
-        code = 1 if failed else 0
-        results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
-                   "environment": raw["environment"], "checks": checks,
-                   "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
-                   "analysis": analysis, "p2p": raw.get("p2p"), "flags": {**analysis["flags"], **raw["flags"],
-                                                   "unknown_digest_class": dig["status"] == "unknown-class"},
-                   "blocks": raw["blocks"], "samples": raw["samples"]}
-        fs.atomic_write_json(run_dir / "results.json", results, pretty=True)
-        from hermetic.run.report import write_plot, write_report
-        plot = write_plot(run_dir / "plot.png", results, root)
-        report_md = write_report(run_dir / "report.md", results, runner, plot)
-        timings["analysis"] = round(time.monotonic() - t, 3)
-        body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
-                    environment=raw["environment"],
-                    summary={"cells": {k: {"median_us": v.get("median"), "rel_iqr": v.get("rel_iqr"), "n": v["n"]}
-                                       for k, v in analysis["cells"].items()},
-                             "comparisons": [{k: c.get(k) for k in ("name", "a", "b", "ratio", "sign_ci",
-                                                                    "sign_confidence", "bootstrap_ci", "decision",
-                                                                    "skipped")} for c in analysis["comparisons"]],
-                             "repetitions": analysis["repetitions"],
-                             "repetitions_recommended": analysis["repetitions_recommended"]},
-                    flags=results["flags"], p2p=raw.get("p2p"),
-                    results={"path": str(run_dir / "results.json"),
-                             "sha256": fs.sha256_file(run_dir / "results.json")[0]},
-                    report=str(report_md), plot=str(plot) if plot else None)
-        _say_results(reporter, results, dig)
-    timings["total"] = round(time.monotonic() - started, 3)
-    body["timings"] = timings
-    body["outside_root_audit"] = _audit_finish(audit, ldir)
-    digest = fs.sha256_bytes(fs.canonical_json(body))[:12]
-    receipt = root.receipts / f"run-{runner.name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{digest}.json"
-    fs.atomic_write_json(receipt, body, pretty=True)
-    fs.atomic_write_json(run_dir / "receipt.json", body, pretty=True)
-    return RunOutcome(runner.name, code, run_dir, receipt, body)
+        self.code = 1 if failed else 0
+        self.results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
+                        "environment": raw["environment"], "checks": checks,
+                        "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
+                        "analysis": analysis, "p2p": raw.get("p2p"),
+                        "flags": {**analysis["flags"], **raw["flags"],
+                                  "unknown_digest_class": dig["status"] == "unknown-class"},
+                        "blocks": raw["blocks"], "samples": raw["samples"]}
+        self.digests = dig
+        self.body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
+                         environment=raw["environment"],
+                         summary={"cells": {k: {"median_us": v.get("median"), "rel_iqr": v.get("rel_iqr"),
+                                                "n": v["n"]} for k, v in analysis["cells"].items()},
+                                  "comparisons": [{k: c.get(k) for k in ("name", "a", "b", "ratio", "sign_ci",
+                                                                         "sign_confidence", "bootstrap_ci",
+                                                                         "decision", "skipped")}
+                                                  for c in analysis["comparisons"]],
+                                  "repetitions": analysis["repetitions"],
+                                  "repetitions_recommended": analysis["repetitions_recommended"]},
+                         flags=self.results["flags"], p2p=raw.get("p2p"))
+        self.timings["analysis"] = round(time.monotonic() - t, 3)
+
+    def outputs(self) -> RunOutcome:
+        if self.raw is not None:
+            t = time.monotonic()
+            run_dir = self.run_dir
+            fs.atomic_write_json(run_dir / "results.json", self.results, pretty=True)
+            from hermetic.run.report import write_plot, write_report
+            plot = write_plot(run_dir / "plot.png", self.results, self.root)
+            report_md = write_report(run_dir / "report.md", self.results, self.runner, plot)
+            self.body.update(results={"path": str(run_dir / "results.json"),
+                                      "sha256": fs.sha256_file(run_dir / "results.json")[0]},
+                             report=str(report_md), plot=str(plot) if plot else None)
+            self.timings["analysis"] = round(self.timings["analysis"] + time.monotonic() - t, 3)
+            _say_results(self.reporter, self.results, self.digests)
+        self.timings["total"] = round(time.monotonic() - self.started, 3)
+        self.body["timings"] = self.timings
+        self.body["outside_root_audit"] = _audit_finish(self.audit, self.lock_dir)
+        digest = fs.sha256_bytes(fs.canonical_json(self.body))[:12]
+        name = self.runner.name
+        receipt = self.root.receipts / f"run-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{digest}.json"
+        fs.atomic_write_json(receipt, self.body, pretty=True)
+        fs.atomic_write_json(self.run_dir / "receipt.json", self.body, pretty=True)
+        return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
 
 
 def _audit(root: Root) -> Any:

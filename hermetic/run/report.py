@@ -136,8 +136,7 @@ def write_plot(path: Path, results: dict[str, Any], root: Root) -> Path | None:
     right.set_title("paired comparisons")
     fig.suptitle(f"{results['runner']} on {results['device_class']}")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    with fs.atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
     return path

@@ -24,13 +24,46 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from hermetic import fs
 from hermetic.errors import WorkFailed
 
+if TYPE_CHECKING:  # the record types: not imported at run time, so a no-op realize never creates them
+    from hermetic.store.records import (
+        EntryRecord,
+        FileMap,
+        ModuleRecord,
+        ObjectRecord,
+        TreeRecord,
+        UnpackedRecord,
+    )
+
 STORE_FORMAT = 1
 ENTRY_META = "meta.json"
+KINDS = ("unpacked", "tree", "object", "module")   # the kinds of entry store.records types
+
+
+# references: what records, roots and temp roots hold --------------------------------------------------
+def entry_ref(name: str) -> str:
+    return f"entry:{name}"
+
+
+def blob_ref(blob: str) -> str:
+    """``blob`` is a blob's file name: its sha256, with an ``x`` for an executable file."""
+    return f"blob:{blob}"
+
+
+def split_refs(refs: list[str] | set[str]) -> tuple[list[str], list[str]]:
+    """(entry names, blob names) of a list of references; anything else is ignored (a newer kind)."""
+    entries, blobs = [], []
+    for ref in refs:
+        kind, _, name = ref.partition(":")
+        if name and kind == "entry":
+            entries.append(name)
+        elif name and kind == "blob":
+            blobs.append(name)
+    return entries, blobs
 
 
 def entry_name(key: str, label: str) -> str:
@@ -39,13 +72,19 @@ def entry_name(key: str, label: str) -> str:
 
 
 def blob_name(digest: str, executable: bool) -> str:
+    """A blob's file name: its sha256, and an ``x`` for an executable file (a blob's mode is part of it)."""
     return digest + ("x" if executable else "")
+
+
+def split_blob_name(name: str) -> tuple[str, bool]:
+    return name.rstrip("x"), name.endswith("x")
 
 
 class Store:
     def __init__(self, path: Path, *, durable: bool | None = None) -> None:
         self.path = path
         self.blobs = path / "blobs"
+        self._blobs_text = str(self.blobs)
         self.entries = path / "entries"
         self.locks = path / "locks"
         self.tmp = path / "tmp"
@@ -83,9 +122,25 @@ class Store:
         return fs.FileLock(self.path / "gc.lock", shared=not exclusive, timeout=timeout,
                            what="the store's gc lock")
 
+    def pin_entry(self, name: str) -> None:
+        """Hold an entry alive for the rest of this process (a temp root gc reads)."""
+        self.temproots.add(entry_ref(name))
+
+    def pin_blob(self, name: str) -> None:
+        """Hold a blob (by its file name, ``blob_name``) alive for the rest of this process."""
+        self.temproots.add(blob_ref(name))
+
     # blobs -----------------------------------------------------------------
     def blob_path(self, digest: str, executable: bool = False) -> Path:
         return self.blobs / digest[:2] / blob_name(digest, executable)
+
+    def blob_text(self, digest: str, executable: bool = False) -> str:
+        """``blob_path`` as a string, for loops over thousands of files (pathlib costs more than a link)."""
+        return f"{self._blobs_text}/{digest[:2]}/{blob_name(digest, executable)}"
+
+    def blob_file(self, name: str) -> Path:
+        """The path of a blob by its file name (``blob_name``)."""
+        return self.blobs / name[:2] / name
 
     def has_blob(self, digest: str, executable: bool = False) -> bool:
         return self.blob_path(digest, executable).exists()
@@ -94,7 +149,7 @@ class Store:
         """Pin a blob for this process (a temp root); False if it does not exist. Like ``use``, atomic with
         respect to gc: a blob found here stays until this process ends."""
         with self.gc_lock():
-            self.temproots.add(f"blob:{blob_name(digest, executable)}")
+            self.pin_blob(blob_name(digest, executable))
             return self.has_blob(digest, executable)
 
     def put_blob_file(self, src: Path, digest: str, executable: bool = False) -> Path:
@@ -114,17 +169,16 @@ class Store:
 
     def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
         """Hash while copying to a temp file; publish as a blob unless it already exists."""
-        h = hashlib.sha256()
-        size = 0
         with fs.scratch_file(self.tmp, "blob-") as tmp:
-            with open(tmp, "wb") as out:
-                while chunk := stream.read(fs.CHUNK):
-                    h.update(chunk)
-                    out.write(chunk)
-                    size += len(chunk)
-            digest = h.hexdigest()
+            digest, size = fs.copy_hashed(stream, tmp, fresh=False)
             self.put_blob_file(tmp, digest, executable)
         return digest, size
+
+    def put_blob_copy(self, src: Path) -> tuple[str, int]:
+        """A copy of a file that stays where it is (an object in a build folder, which the next compile
+        rewrites): the blob must be an inode of its own. Returns (sha256, size)."""
+        with open(src, "rb") as f:
+            return self.put_blob_stream(f)
 
     def put_blob_bytes(self, data: bytes, executable: bool = False) -> str:
         """Publish ``data`` as a blob; an existing blob of that name whose bytes are no longer ``data`` (a
@@ -132,7 +186,7 @@ class Store:
         digest = hashlib.sha256(data).hexdigest()
         if not self.use_blob(digest, executable):
             with fs.scratch_file(self.tmp, "blob-") as tmp:
-                tmp.write_bytes(data)
+                fs.write_hashed([data], tmp, fresh=False)
                 self.put_blob_file(tmp, digest, executable)
         elif fs.sha256_file(self.blob_path(digest, executable))[0] != digest:
             self.heal_blob(digest, executable, data)
@@ -153,13 +207,19 @@ class Store:
         finally:
             os.chmod(path, 0o555 if executable else 0o444)
 
+    def drop_blob(self, digest: str, executable: bool = False) -> None:
+        """Remove a blob that must not stay (corrupt, or a hostile download no entry will ever name)."""
+        path = self.blob_path(digest, executable)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
     def iter_blobs(self) -> Iterator[tuple[str, bool, Path]]:
         if not self.blobs.exists():
             return
         for shard in sorted(self.blobs.iterdir()):
             for p in sorted(shard.iterdir()):
                 name = p.name
-                yield name.rstrip("x"), name.endswith("x"), p
+                yield *split_blob_name(name), p
 
     # entries ---------------------------------------------------------------
     def entry_path(self, name: str) -> Path:
@@ -168,17 +228,37 @@ class Store:
     def has_entry(self, name: str) -> bool:
         return (self.entries / name / ENTRY_META).exists()
 
-    def entry_meta(self, name: str) -> dict[str, Any]:
+    def record(self, name: str) -> EntryRecord:
+        """An entry's record (OSError when the entry does not exist; WorkFailed when its record is damaged)."""
         path = self.entries / name / ENTRY_META
         try:
-            meta: dict[str, Any] = fs.read_json(path)
+            meta: Any = fs.read_json(path)
         except (ValueError, UnicodeDecodeError):  # a damaged record: say so, never use it
             raise WorkFailed(f"store entry {name} is corrupt: its record is not valid JSON", where=str(path),
                              hint="run `hermetic verify --repair`") from None
-        if not isinstance(meta, dict):
-            raise WorkFailed(f"store entry {name} is corrupt: its record is not a table", where=str(path),
-                             hint="run `hermetic verify --repair`")
-        return meta
+        if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
+            raise WorkFailed(f"store entry {name} is corrupt: its record is not one of a known kind",
+                             where=str(path), hint="run `hermetic verify --repair`")
+        return cast("EntryRecord", meta)
+
+    def _record_of(self, name: str, kind: str) -> EntryRecord:
+        rec = self.record(name)
+        if rec["kind"] != kind:
+            raise WorkFailed(f"store entry {name} is a {rec['kind']} entry where a {kind} entry was expected",
+                             where=str(self.entries / name / ENTRY_META), hint="run `hermetic verify --repair`")
+        return rec
+
+    def object_record(self, name: str) -> ObjectRecord:
+        return cast("ObjectRecord", self._record_of(name, "object"))
+
+    def module_record(self, name: str) -> ModuleRecord:
+        return cast("ModuleRecord", self._record_of(name, "module"))
+
+    def tree_record(self, name: str) -> TreeRecord:
+        return cast("TreeRecord", self._record_of(name, "tree"))
+
+    def unpacked_record(self, name: str) -> UnpackedRecord:
+        return cast("UnpackedRecord", self._record_of(name, "unpacked"))
 
     def iter_entries(self) -> list[str]:
         if not self.entries.exists():
@@ -213,7 +293,7 @@ class Store:
         this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py).
         """
         with self.gc_lock():
-            self.temproots.add(f"entry:{name}")
+            self.pin_entry(name)
             return self.has_entry(name)
 
     def invalidate(self, name: str) -> Path | None:
@@ -227,6 +307,21 @@ class Store:
         os.replace(src, dst)
         return dst
 
+    def drop_entry(self, name: str) -> None:
+        """Invalidate an entry and delete it now (a corrupt one found in use: it is built again)."""
+        trash = self.invalidate(name)
+        if trash is not None:
+            fs.remove_tree(trash)
+
+    # the index: entries listed under a lookup key (objects by what must be equal to compare their inputs)
+    def index_add(self, key: str, name: str) -> None:
+        link = self.path / "index" / key[:2] / key / name
+        fs.atomic_symlink(os.path.relpath(self.entry_path(name), link.parent), link)
+
+    def index_list(self, key: str) -> list[str]:
+        folder = self.path / "index" / key[:2] / key
+        return sorted(os.listdir(folder)) if folder.is_dir() else []
+
 
 class Staging:
     """A folder under tmp/ that becomes ``entries/<name>`` on publish (or is deleted)."""
@@ -237,16 +332,59 @@ class Staging:
         store.tmp.mkdir(parents=True, exist_ok=True)
         self.path = store.tmp / f"entry-{name}.{os.getpid()}.{os.urandom(4).hex()}"
         self.path.mkdir()
-        self.meta: dict[str, Any] = {"format": STORE_FORMAT, "name": name}
+        self.record: EntryRecord | None = None       # the builder sets it; publish writes it as meta.json
         self.readonly_dirs: list[str] | None = None  # set when the builder knows its folders: no walk needed
+        self._staged_blobs: list[tuple[Path, str, bool]] = []
         self._published = False
 
     @property
     def out(self) -> Path:
         return self.path / "out"
 
+    def stage_blob(self, stream: IO[bytes], executable: bool) -> tuple[str, int]:
+        """A file's bytes held in the staging folder, hashed, until ``commit_blobs`` (when the whole input
+        proved sound: a wheel whose RECORD matched) or until the staging is discarded. (sha256, size)."""
+        folder = self.path / "blobs"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / str(len(self._staged_blobs))
+        digest, size = fs.copy_hashed(stream, tmp)
+        self._staged_blobs.append((tmp, digest, executable))
+        return digest, size
+
+    def commit_blobs(self) -> None:
+        for tmp, digest, executable in self._staged_blobs:
+            self.store.put_blob_file(tmp, digest, executable)
+        self._staged_blobs.clear()
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / "blobs").rmdir()
+
+    def ingest(self) -> FileMap:
+        """Turn the files written under ``out/`` into blobs and hard links to them (the tree's files are then
+        the store's); their file map."""
+        files: FileMap = {}
+        store = self.store
+        for dirpath, _dirnames, names in os.walk(self.out):
+            for n in names:
+                p = Path(dirpath) / n
+                rel = p.relative_to(self.out).as_posix()
+                executable = os.access(p, os.X_OK)
+                digest, _size = fs.sha256_file(p)
+                blob = store.blob_path(digest, executable)
+                if blob.exists():
+                    p.unlink()
+                else:
+                    blob.parent.mkdir(exist_ok=True)
+                    store.put_blob_file(p, digest, executable)
+                fs.link_or_copy(blob, p)
+                files[rel] = (digest, executable)
+        return dict(sorted(files.items()))
+
     def publish(self) -> None:
-        fs.atomic_write_json(self.path / ENTRY_META, self.meta, durable=self.store.durable)
+        if self.record is None:
+            raise RuntimeError(f"staging {self.name} published without a record")
+        if self.record["name"] != self.name or self.record["format"] != STORE_FORMAT:
+            raise RuntimeError(f"staging {self.name} holds the record of {self.record['name']}")
+        fs.atomic_write_json(self.path / ENTRY_META, self.record, durable=self.store.durable)
         if self.readonly_dirs is None:
             fs.make_tree_readonly(self.path)
         else:
@@ -257,7 +395,7 @@ class Staging:
         dst = self.store.entries / self.name
         with self.store.gc_lock():
             os.replace(self.path, dst)
-            self.store.temproots.add(f"entry:{self.name}")
+            self.store.pin_entry(self.name)
         if self.store.durable:
             fs.fsync_dir(self.store.entries)
         self._published = True

@@ -18,15 +18,16 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from hermetic import __version__, fs
 from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import ENTRY_META, Store
+from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
+from hermetic.store.records import EntryRecord, files_of
 from hermetic.store.roots import root_refs
 from hermetic.store.trees import build_tree, tree_entry_name
 
@@ -41,7 +42,7 @@ def _closure(store: Store, refs: set[str]) -> tuple[list[str], dict[str, str]]:
     (the smallest, for a stable order; a wheel file's own blob gets its reference instead)."""
     entries: list[str] = []
     blobs: dict[str, str] = {}
-    pending = [r[6:] for r in refs if r.startswith("entry:")]
+    pending, _ = split_refs(refs)
     seen: set[str] = set()
     while pending:
         name = pending.pop()
@@ -49,14 +50,14 @@ def _closure(store: Store, refs: set[str]) -> tuple[list[str], dict[str, str]]:
             continue
         seen.add(name)
         entries.append(name)
-        meta = store.entry_meta(name)
-        for path, (digest, executable) in meta.get("files", {}).items():
-            b = digest + ("x" if executable else "")
+        rec = store.record(name)
+        for path, (digest, executable) in files_of(rec).items():
+            b = blob_name(digest, executable)
             blobs[b] = min(blobs.get(b, path), path)
-        pending += [r[6:] for r in meta.get("refs", []) if r.startswith("entry:")]
-        if meta.get("kind") != "unpacked":  # an unpacked wheel does not need its wheel file any more
-            blobs.update({r[5:]: r for r in meta.get("refs", []) if r.startswith("blob:") and store.has_blob(r[5:])
-                          and r[5:] not in blobs})
+        named, named_blobs = split_refs(rec["refs"])
+        pending += named
+        if rec["kind"] != "unpacked":  # an unpacked wheel does not need its wheel file any more
+            blobs.update({b: blob_ref(b) for b in named_blobs if store.blob_file(b).exists() and b not in blobs})
     return sorted(entries), blobs
 
 
@@ -110,7 +111,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         manifest["entries"][name] = fs.sha256_file(store.entry_path(name) / ENTRY_META)[0]
     total = 0
     for b in sorted(blobs):
-        size = os.lstat(store.blob_path(b.rstrip("x"), b.endswith("x"))).st_size
+        size = os.lstat(store.blob_file(b)).st_size
         manifest["blobs"][b] = size
         total += size
     order = stream_order(blobs, manifest["blobs"])
@@ -135,10 +136,10 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
                 for p in root_files:
                     _add_bytes(tar, f"roots/{p.name}", p.read_bytes())
                 for b in order:
-                    path = store.blob_path(b.rstrip("x"), b.endswith("x"))
+                    path = store.blob_file(b)
                     info = tarfile.TarInfo(f"blobs/{b}")
                     info.size = manifest["blobs"][b]
-                    info.mode = 0o555 if b.endswith("x") else 0o444
+                    info.mode = 0o555 if split_blob_name(b)[1] else 0o444
                     with open(path, "rb") as f:
                         tar.addfile(info, f)
                     task.advance(info.size)
@@ -159,7 +160,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def import_closure(root: Root, archive: Path, *, reporter: Reporter,
-                   host: Callable[[], dict[str, Any]]) -> dict[str, int]:
+                   host: Callable[[], Mapping[str, object]]) -> dict[str, int]:
     """Verify and add an archive; ``host`` gives this machine's interpreter and torch identity (asked only
     when an entry was built for one: it may import torch)."""
     import zstandard
@@ -178,7 +179,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
         _check_hosts(host, metas, archive)
         new_blobs = 0
         for bname, path in blob_files.items():
-            digest, executable = bname.rstrip("x"), bname.endswith("x")
+            digest, executable = split_blob_name(bname)
             if not store.has_blob(digest, executable):
                 new_blobs += 1
             store.temproots.add(f"blob:{bname}")
@@ -273,12 +274,12 @@ def _extract_blob(tar: tarfile.TarFile, member: tarfile.TarInfo, staging: Path, 
         while chunk := f.read(fs.CHUNK):
             h.update(chunk)
             out.write(chunk)
-    if h.hexdigest() != bname.rstrip("x"):
+    if h.hexdigest() != split_blob_name(bname)[0]:
         raise bad(f"blob {bname[:16]}… does not hash to its name")
     return dst
 
 
-def _check_hosts(host: Callable[[], dict[str, Any]], metas: dict[str, dict[str, Any]], archive: Path) -> None:
+def _check_hosts(host: Callable[[], Mapping[str, object]], metas: dict[str, dict[str, Any]], archive: Path) -> None:
     """Entries built for an interpreter or torch are only accepted on a machine that has the same."""
     needs = {name: m["host"] for name, m in metas.items() if isinstance(m.get("host"), dict)}
     if not needs:
@@ -301,9 +302,8 @@ def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> None:
         if not content_addressed and "source" not in meta:
             raise BadInput(f"tree entry {name} does not match its own record", where=str(name),
                            hint="the archive is damaged or not from `hermetic export`; nothing was imported")
-        extra = {k: v for k, v in meta.items() if k == "source"}
-        build_tree(store, meta["label"], files, links, meta.get("refs", []), name=name, extra=extra)
+        build_tree(store, meta["label"], files, links, meta.get("refs", []), name=name, source=meta.get("source"))
         return
     with store.build_entry(name) as staging:
         if staging is not None:
-            staging.meta = meta
+            staging.record = cast(EntryRecord, meta)

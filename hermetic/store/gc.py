@@ -12,8 +12,9 @@ from pathlib import Path
 
 from hermetic import fs
 from hermetic.errors import PreconditionFailed
-from hermetic.root import Root
-from hermetic.store import Store, live_temproots
+from hermetic.root import CACHES, Root
+from hermetic.store import Store, blob_name, live_temproots, split_refs
+from hermetic.store.records import files_of
 from hermetic.store.roots import drop_root, root_refs
 
 
@@ -31,24 +32,21 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
     temp_refs, oldest_live = live_temproots(store)
     refs |= temp_refs
     result = GcPlan()
-    pending = [r[len("entry:"):] for r in refs if r.startswith("entry:")]
-    result.live_blobs = {r[len("blob:"):] for r in refs if r.startswith("blob:")}
+    pending, blobs = split_refs(refs)
+    result.live_blobs = set(blobs)
     while pending:
         name = pending.pop()
         if name in result.live_entries or not store.has_entry(name):
             continue
         result.live_entries.add(name)
-        meta = store.entry_meta(name)
-        for _path, (digest, executable) in meta.get("files", {}).items():
-            result.live_blobs.add(digest + ("x" if executable else ""))
-        for r in meta.get("refs", []):
-            if r.startswith("entry:"):
-                pending.append(r[len("entry:"):])
-            elif r.startswith("blob:"):
-                result.live_blobs.add(r[len("blob:"):])
+        rec = store.record(name)
+        result.live_blobs.update(blob_name(digest, executable) for digest, executable in files_of(rec).values())
+        entries, blobs = split_refs(rec["refs"])
+        pending += entries
+        result.live_blobs.update(blobs)
     result.dead_entries = [e for e in store.iter_entries() if e not in result.live_entries]
     for digest, executable, path in store.iter_blobs():
-        name = digest + ("x" if executable else "")
+        name = blob_name(digest, executable)
         if name in result.live_blobs:
             continue
         # a blob newer than a running process may be one it is about to reference: leave it
@@ -60,7 +58,16 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
             for p in folder.iterdir():
                 if oldest_live is None or os.lstat(p).st_ctime_ns < oldest_live:
                     result.garbage.append(p)
+    result.garbage += stale_caches(root)
     return result
+
+
+def stale_caches(root: Root) -> list[Path]:
+    """Folders under state/ that no bucket of root.CACHES names: an earlier format of a derived cache."""
+    if not root.state.exists():
+        return []
+    current = {c.folder for c in CACHES.values()}
+    return sorted(p for p in root.state.iterdir() if p.name not in current)
 
 
 def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600) -> tuple[GcPlan, int]:

@@ -1,7 +1,6 @@
-"""Wheels into the store, and store trees onto stable paths.
+"""Store trees, and profiles: the stable paths pointing at them.
 
-A wheel is unpacked once, by the ``installer`` library, into blobs (one per file content): its *unpacked
-entry* is the list of (path, blob) pairs. A *tree entry* is the union of such lists (plus symlinks), laid
+A *tree entry* is the union of file maps (the unpacked wheels', a build's modules) plus symlinks, laid
 out as hard links to the blobs. A file with the same bytes therefore has the same inode and mtime in every
 tree that holds it, across lock updates too: ninja sees unchanged headers as unchanged. A *profile* is a
 symlink ``profiles/<name>`` swapped atomically to the current tree: the stable path users build against.
@@ -16,11 +15,10 @@ from pathlib import Path
 
 from hermetic import fs
 from hermetic.errors import BadInput, WorkFailed
-from hermetic.store import Store, entry_name
+from hermetic.store import STORE_FORMAT, Store, entry_name
+from hermetic.store.records import FileMap, SourceOrigin
 
 TREE_VERSION = 1
-
-FileMap = dict[str, tuple[str, bool]]  # relative path -> (sha256, executable)
 
 
 _UNSAFE_PATH = re.compile(r"(^|/)\.{0,2}(/|$)|^/|[\x00-\x1f\x7f]")
@@ -62,7 +60,7 @@ def tree_entry_name(label: str, files: FileMap, links: Mapping[str, str]) -> str
 
 def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str] | None = None,
                refs: Iterable[str] = (), *, name: str | None = None,
-               extra: Mapping[str, object] | None = None) -> tuple[str, bool]:
+               source: SourceOrigin | None = None) -> tuple[str, bool]:
     """Lay out a tree of hard links to blobs; content-addressed (unless ``name`` is given: an imported
     input-addressed tree), so an unchanged tree is reused as is. Returns (entry name, built now).
     """
@@ -74,7 +72,7 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
         out = staging.out
         out.mkdir()
         made: set[str] = {""}
-        base, blobs = str(out), str(store.blobs)
+        base = str(out)
         for rel in sorted(files):
             check_relpath(rel)  # records may come from an imported archive: never trust a path
             digest, executable = files[rel]
@@ -83,7 +81,7 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
                 os.makedirs(f"{base}/{parent}", exist_ok=True)
                 made.update(_ancestors(parent))
             # plain strings: pathlib costs more than the link itself over a few thousand files
-            blob = f"{blobs}/{digest[:2]}/{digest}{'x' if executable else ''}"
+            blob = store.blob_text(digest, executable)
             try:
                 fs.link_or_copy(blob, f"{base}/{rel}")
             except FileNotFoundError:
@@ -101,9 +99,11 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
             made.update(_ancestors(rel.rpartition("/")[0]))
         # files are links to read-only blobs already; only the folders need their write bits dropped
         staging.readonly_dirs = sorted(f"{base}/{d}" if d else base for d in made)
-        staging.meta.update({**(extra or {}), "kind": "tree", "label": label,
-                             "files": {p: [d, x] for p, (d, x) in sorted(files.items())},
-                             "links": dict(sorted(links.items())), "refs": sorted(set(refs))})
+        staging.record = {"format": STORE_FORMAT, "name": name, "kind": "tree", "label": label,
+                          "files": {p: (d, x) for p, (d, x) in sorted(files.items())},
+                          "links": dict(sorted(links.items())), "refs": sorted(set(refs))}
+        if source is not None:
+            staging.record["source"] = source
     return name, True
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hermetic import fs
 from hermetic.root import Root
-from hermetic.store import ENTRY_META, Store
+from hermetic.store import ENTRY_META, Store, blob_name, split_blob_name
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def verify(store: Store, root: Root) -> VerifyReport:
         inodes[(digest, executable)] = st.st_ino
         actual, size = fs.sha256_file(path)
         report.bytes += size
-        name = digest + ("x" if executable else "")
+        name = blob_name(digest, executable)
         if actual != digest:
             report.problems.append(Problem("blob", name, f"content hashes to {actual[:16]}…"))
             bad_blobs.add(name)
@@ -68,7 +68,7 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int],
         return [Problem("entry", name, f"meta.json unreadable: {e}")]
     files = {p: (d, bool(x)) for p, (d, x) in meta.get("files", {}).items()}
     for rel, (digest, executable) in files.items():
-        bname = digest + ("x" if executable else "")
+        bname = blob_name(digest, executable)
         if bname in bad_blobs:
             problems.append(Problem("entry", name, f"{rel} uses corrupt blob {digest[:16]}…"))
         elif meta.get("kind") != "tree" and (digest, executable) not in inodes:
@@ -118,7 +118,7 @@ def drop_corrupt(store: Store, problems: list[Problem]) -> int:
     removed = 0
     for p in problems:
         if p.kind == "blob":
-            digest, executable = p.name.rstrip("x"), p.name.endswith("x")
+            digest, executable = split_blob_name(p.name)
             path = store.blob_path(digest, executable)
             if path.exists():
                 path.unlink()

@@ -7,7 +7,6 @@ below writes each file's bytes as a blob instead of a file, and records (path, b
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import zipfile
 import zlib
@@ -23,8 +22,9 @@ from installer.sources import WheelFile
 from installer.utils import Scheme
 
 from hermetic.errors import BadInput
-from hermetic.store import Staging, Store
-from hermetic.store.trees import FileMap, check_relpath
+from hermetic.store import STORE_FORMAT, Staging, blob_ref
+from hermetic.store.records import FileMap
+from hermetic.store.trees import check_relpath
 
 if TYPE_CHECKING:
     from installer.scripts import ScriptSection
@@ -41,7 +41,7 @@ MAX_WHEEL_FILES = 500_000
 
 def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where: str) -> None:
     """Validate a wheel's RECORD, then unpack it into blobs through installer, recording them in ``staging``."""
-    dest = _BlobDestination(staging.store, staging.path / "blobs")
+    dest = _BlobDestination(staging)
     try:
         _check_members(wheel_path, where)
         with WheelFile.open(wheel_path) as source:
@@ -50,13 +50,10 @@ def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where
     except (InstallerError, ValueError, zipfile.BadZipFile, KeyError, zlib.error, EOFError) as e:
         raise BadInput(f"wheel {wheel_path.name} is invalid: {_installer_message(e)}", where=where,
                        hint="the wheel is damaged or hostile; check the lock's hash and the index") from None
-    for tmp, digest, executable in dest.staged:  # only a wheel unpacked whole puts anything in the store
-        staging.store.put_blob_file(tmp, digest, executable)
-    if dest.folder.exists():
-        dest.folder.rmdir()
-    staging.meta.update({"kind": "unpacked", "wheel": wheel_sha256, "filename": wheel_path.name,
-                         "files": {p: [d, x] for p, (d, x) in sorted(dest.files.items())},
-                         "refs": [f"blob:{wheel_sha256}"]})
+    staging.commit_blobs()  # only a wheel unpacked whole puts anything in the store
+    staging.record = {"format": STORE_FORMAT, "name": staging.name, "kind": "unpacked", "wheel": wheel_sha256,
+                      "filename": wheel_path.name, "files": dict(sorted(dest.files.items())),
+                      "refs": [blob_ref(wheel_sha256)]}
 
 
 def _check_members(wheel_path: Path, where: str) -> None:
@@ -90,15 +87,13 @@ def _record_hash(digest: str) -> str:
 class _BlobDestination(SchemeDictionaryDestination):
     """installer's own scheme mapping and path-traversal guard, with blobs for bytes."""
 
-    def __init__(self, store: Store, folder: Path) -> None:
+    def __init__(self, staging: Staging) -> None:
         super().__init__(
             scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
                          "scripts": f"{_VBASE}/bin", "data": _VBASE},
             interpreter=SCRIPT_INTERPRETER, script_kind="posix")
-        self.store = store
-        self.folder = folder  # the files' bytes wait in the entry's staging folder until the wheel is whole
+        self.staging = staging  # the files' bytes wait in the entry's staging folder until the wheel is whole
         self.files: FileMap = {}
-        self.staged: list[tuple[Path, str, bool]] = []
 
     def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
         target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
@@ -106,16 +101,7 @@ class _BlobDestination(SchemeDictionaryDestination):
         check_relpath(rel)
         if rel in self.files:
             raise ValueError(f"the wheel writes {rel} twice")
-        self.folder.mkdir(exist_ok=True)
-        tmp = self.folder / str(len(self.staged))
-        h, size = hashlib.sha256(), 0
-        with open(tmp, "wb") as out:
-            while chunk := stream.read(1 << 20):
-                h.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-        digest = h.hexdigest()
-        self.staged.append((tmp, digest, is_executable))
+        digest, size = self.staging.stage_blob(stream, is_executable)
         self.files[rel] = (digest, is_executable)
         return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
 

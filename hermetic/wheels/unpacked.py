@@ -41,9 +41,8 @@ def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
 
 
 def load_unpacked(store: Store, name: str) -> Unpacked:
-    meta = store.entry_meta(name)
-    files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
-    return Unpacked(name, meta["wheel"], files)
+    rec = store.unpacked_record(name)
+    return Unpacked(name, rec["wheel"], {p: (d, bool(x)) for p, (d, x) in rec["files"].items()})
 
 
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
@@ -54,7 +53,7 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     download and unpack each wheel once; the others wait and reuse it.
     """
     wheels = _unique_wheels(locks)
-    counts["wheels"] = len(wheels)
+    counts["wheels"] += len(wheels)
     out: list[Unpacked] = []
     fetcher: Fetcher | None = None
     for w in wheels:
@@ -84,13 +83,13 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
                     fresh = blob
                 else:
                     filename = w.filename or _filename_from_wheel(w, blob)
-                store.temproots.add(f"blob:{blob.name}")
+                store.pin_blob(blob.name)
                 reporter.event("phase", phase="materializing")
                 try:
                     _unpack_blob(staging, blob, blob.name, filename, w.where)
                 except BadInput:
                     if blob == fresh:  # a hostile wheel fetched just now does not stay in the store
-                        blob.unlink(missing_ok=True)
+                        store.drop_blob(blob.name)
                     raise
                 if fresh is not None and share is not None:
                     share.upload_blob(fresh.name)  # only once it unpacked whole: no hostile wheel for the team
@@ -111,7 +110,7 @@ def _make_fetcher(store: Store, reporter: Reporter) -> Fetcher:
 def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
            counts: dict[str, int]) -> tuple[Path, str]:
     got = fetcher.fetch(w)
-    store.temproots.add(f"blob:{got.sha256}")
+    store.pin_blob(got.sha256)
     blob = store.put_blob_file(got.path, got.sha256)
     counts["fetched"] += 1
     counts["fetched_bytes"] += got.size

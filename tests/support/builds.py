@@ -6,39 +6,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic.build.certificate import read_certificate
 from hermetic.store import Store
+from tests.support import cli
+from tests.support.cli import REPO
+from tests.support.recipes import recipe_toml
 
-REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data"
 
-RECIPE = """\
-[recipe]
-name = "{name}"
-
-[toolchain]
-cuda = "13.0"
-lock = "cuda-13.0-toolchain.txt"
-archs = ["9.0"]
-
-[sources.src]
-path = "src"
-
-[limits]
-jobs = 2
-{limits}
-[[extensions]]
-name = "fixture_ext"
-source = "src"
-sources = ["*.cpp", "*.cu"]
-include_dirs = ["."]
-cuda_cflags = [{cuda_cflags}]
-
+VARIANTS = """\
 [variants.base]
 
 [variants.renamed]
@@ -47,8 +26,16 @@ module = "fixture_renamed_ext"
 
 [variants.feature]
 default = false
-defines = {{ FEATURE = "2" }}
+defines = { FEATURE = "2" }
 """
+
+
+def fixture_recipe(name: str, *, limits: str = "", cuda_cflags: str = "") -> str:
+    """The reuse fixture's recipe: one extension of every C++ and CUDA file in src/, in three variants."""
+    return recipe_toml(name, toolchain=True, archs=["9.0"], sources={"src": "src"}, jobs=2, limits=limits,
+                       extensions=['name = "fixture_ext"\nsource = "src"\nsources = ["*.cpp", "*.cu"]\n'
+                                   f'include_dirs = ["."]\ncuda_cflags = [{cuda_cflags}]'],
+                       variants=VARIANTS)
 
 
 @dataclass
@@ -69,7 +56,7 @@ class Project:
         shutil.copytree(sources, folder / "src")
         shutil.copy(REPO / "manifests" / "cuda-13.0-toolchain.txt", folder)
         self.recipe = folder / "recipe.toml"
-        self.recipe.write_text(RECIPE.format(name=name, limits=limits, cuda_cflags=cuda_cflags))
+        self.recipe.write_text(fixture_recipe(name, limits=limits, cuda_cflags=cuda_cflags))
 
     def edit(self, rel: str, old: str, new: str) -> None:
         p = self.folder / "src" / rel
@@ -78,19 +65,16 @@ class Project:
         p.write_text(text.replace(old, new, 1))
 
     def realize(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> Realized:
-        cmd = [sys.executable, "-m", "hermetic", "--root", str(self.root), "realize", str(self.recipe), "--json",
-               *args]
-        p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=REPO,
-                           timeout=900)
-        if check and p.returncode != 0:
-            raise AssertionError(f"realize failed ({p.returncode}):\n{p.stderr[-3000:]}")
-        result = json.loads(p.stdout.splitlines()[-1]) if p.stdout.strip() else {}
+        p = cli.run(self.root, "realize", self.recipe, "--json", *args, env={**os.environ, **(env or {})})
+        if check and p.rc != 0:
+            raise AssertionError(f"realize failed ({p.rc}):\n{p.err[-3000:]}")
+        result = p.result
         decisions: dict[str, str] = {}
         cert: dict[str, object] = {}
         receipt = result.get("receipt")
-        if p.returncode == 0 and receipt:
+        if p.rc == 0 and receipt:
             modules = json.loads(Path(str(receipt)).read_text()).get("modules", [])
             if modules:
-                cert = read_certificate(Store(self.root / "store"), modules[-1]["certificate_blob"])
-                decisions = {o["source"]: o["decision"] for o in cert["objects"]}  # type: ignore[index]
-        return Realized(p.returncode, p.stdout, p.stderr, result, decisions, cert)
+                cert = dict(read_certificate(Store(self.root / "store"), modules[-1]["certificate_blob"]))
+                decisions = {o["source"]: o["decision"] for o in cert["objects"]}  # type: ignore[attr-defined]
+        return Realized(p.rc, p.out, p.err, result, decisions, cert)

@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.audit import OutsideRootAudit
-from tests.support.reliability import TOOLCHAIN_LOCK, FileServer, Run, hermetic
+from tests.support import cli
+from tests.support.cli import Result
+from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
+from tests.support.reliability import FileServer
+from tests.support.trees import store_listing
 from tests.support.wheels import BuiltWheel, build_wheel
 
 HOSTILE_RECIPE = "hostile"  # every build case uses this name: its toolchain tree exists before the case runs
@@ -209,7 +213,7 @@ class Ctx:
     def lock_recipe(self, lock_text: str, lock_name: str = "env.lock.txt") -> list[str]:
         (self.folder / lock_name).write_text(lock_text)
         recipe = self.folder / "recipe.toml"
-        recipe.write_text(f'[recipe]\nname = "hostile-env"\nlocks = ["{lock_name}"]\n')
+        recipe.write_text(recipe_toml("hostile-env", locks=[lock_name]))
         return ["realize", str(recipe)]
 
     def build_recipe(self, source: str, extra: str = "", src_files: dict[str, str] | None = None) -> list[str]:
@@ -219,9 +223,8 @@ class Ctx:
             (self.folder / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.folder / rel).write_text(text)
         recipe = self.folder / "recipe.toml"
-        recipe.write_text(f'[recipe]\nname = "{HOSTILE_RECIPE}"\n\n[toolchain]\ncuda = "13.0"\n'
-                          f'lock = "cuda-13.0-toolchain.txt"\n\n{source}\n{extra}\n'
-                          '[[extensions]]\nname = "hostile_ext"\nsource = "s"\nsources = ["*.cpp"]\n')
+        recipe.write_text(recipe_toml(HOSTILE_RECIPE, toolchain=True, extra=f"{source}\n{extra}",
+                                      extensions=['name = "hostile_ext"\nsource = "s"\nsources = ["*.cpp"]']))
         return ["realize", str(recipe)]
 
     def archive_source(self, archive: Path, subdir: str = "") -> list[str]:
@@ -504,22 +507,7 @@ class Verdict:
         return not self.problems
 
 
-def store_listing(root: Path) -> dict[str, tuple[int, int]]:
-    """Every path under the store but its scratch parts: (size, mtime_ns) for files, (0, 0) for the rest."""
-    out: dict[str, tuple[int, int]] = {}
-    store = root / "store"
-    for dirpath, dirs, files in os.walk(store):
-        rel = os.path.relpath(dirpath, store)
-        if rel.split(os.sep)[0] in ("temproots", "locks", "tmp"):
-            continue
-        for f in files + dirs:
-            p = Path(dirpath) / f
-            st = p.lstat()
-            out[str(p.relative_to(store))] = (st.st_size, st.st_mtime_ns) if p.is_file() else (0, 0)
-    return out
-
-
-def _clear(run: Run, needles: tuple[str, ...]) -> list[str]:
+def _clear(run: Result, needles: tuple[str, ...]) -> list[str]:
     problems = []
     err = run.err
     if "Traceback" in err or "internal error" in err:
@@ -554,7 +542,7 @@ def run_case(case: Case, work: Path, root: Path, server: FileServer, env: dict[s
     audit = OutsideRootAudit(root, home=home, temp_dirs=[tmp], cwd=cwd, extra=[outside, folder])
     audit.start()
     start = time.monotonic()
-    run = hermetic(root, *args, "--json", env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, cwd=cwd)
+    run = cli.run(root, *args, "--json", env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, cwd=cwd)
     seconds = time.monotonic() - start
     seen = audit.finish()
     first = next((ln for ln in run.err.splitlines() if ln.strip()), "").replace(str(work), "…")
@@ -607,7 +595,7 @@ def setup_root(root: Path, work: Path, env: dict[str, str], server: FileServer) 
                                           '  return PyModule_Create(&d);\n}\n')
     ctx = Ctx(folder, work / "valid-outside", server, root)
     args = ctx.build_recipe('[sources.s]\npath = "src"\n')
-    run = hermetic(root, *args, env=env, cwd=work)
+    run = cli.run(root, *args, env=env, cwd=work)
     if run.rc != 0:
         raise RuntimeError(f"the valid build recipe failed:\n{run.err[-3000:]}")
 

@@ -18,8 +18,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,11 +30,12 @@ from typing import Any
 from hermetic.audit import OutsideRootAudit
 from hermetic.build.rebuild import normalized
 from hermetic.store import Store
+from tests.support import cli
+from tests.support.cli import REPO, Result, hermetic_env
+from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
 from tests.support.wheels import BuiltWheel, build_wheel
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE_SRC = REPO / "tests" / "data" / "reuse_src"
-TOOLCHAIN_LOCK = REPO / "manifests" / "cuda-13.0-toolchain.txt"
 # The phase records realize prints with --json ({"event": "phase", "phase": ...}), in order.
 PHASES = ("fetching", "materializing", "toolchain", "sources", "compiling", "linking", "checking", "receipt")
 REQUIRED_PHASES = ("fetching", "materializing", "compiling", "linking", "receipt")
@@ -55,60 +54,12 @@ def crash_plan(n: int, phases: tuple[str, ...], seed: int) -> list[tuple[str, fl
         plan.append((phase, 0.0 if i < len(phases) else round(rng.uniform(0, PHASE_SPAN_S[phase]), 4)))
     return plan
 
-RECIPE = """\
-[recipe]
-name = "{name}"
-locks = ["env.lock.txt"]
-
-[toolchain]
-cuda = "13.0"
-lock = "cuda-13.0-toolchain.txt"
-archs = ["9.0"]
-
-[sources.src]
-path = "src"
-
-[limits]
-jobs = 2
-
-[[extensions]]
-name = "crash_ext"
-source = "src"
-sources = ["*.cpp", "*.cu"]
-include_dirs = ["."]
-"""
-
-
-@dataclass
-class Run:
-    rc: int
-    out: str
-    err: str
-
-    @property
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.out.splitlines() if line.startswith("{")]
-
-    @property
-    def result(self) -> dict[str, Any]:
-        recs = [r for r in self.records if "result" in r]
-        return recs[-1] if recs else {}
 
 
 def child_env(home: Path, tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment with a private HOME and TMPDIR (watched by the audit) and no HERMETIC_*."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERMETIC_")}
-    home.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir(parents=True, exist_ok=True)
-    env.update({"HOME": str(home), "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1"})
-    env.update(extra or {})
-    return env
-
-
-def hermetic(root: Path, *args: str | Path, env: dict[str, str], cwd: Path, timeout: float = 900) -> Run:
-    p = subprocess.run([sys.executable, "-m", "hermetic", "--root", str(root), *map(str, args)],
-                       capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-    return Run(p.returncode, p.stdout, p.stderr)
+    """This machine's environment (its pip configuration too) with a private HOME and TMPDIR (watched by the
+    audit) and no HERMETIC_*."""
+    return hermetic_env(home, pip="machine", tmp=tmp, extra=extra)
 
 
 # --- processes ---------------------------------------------------------------------------------------
@@ -273,9 +224,11 @@ def toolchain_wheels_from(store_root: Path, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     store = Store(store_root / "store")
     for name in store.iter_entries():
-        meta = store.entry_meta(name)
-        blob = store.blob_path(str(meta.get("wheel", "")))
-        if meta.get("kind") == "unpacked" and blob.exists() and not (folder / meta["filename"]).exists():
+        meta = store.record(name)
+        if meta["kind"] != "unpacked":
+            continue
+        blob = store.blob_path(meta["wheel"])
+        if blob.exists() and not (folder / meta["filename"]).exists():
             os.symlink(blob, folder / meta["filename"])
     return folder
 
@@ -284,7 +237,7 @@ def realize_toolchain(root: Path, env: dict[str, str], cwd: Path, find_links: Pa
     """The CUDA toolchain realized in ``root`` (from ``find_links`` only, when given; else pip's indexes)."""
     extra = {"PIP_FIND_LINKS": str(find_links), "PIP_NO_INDEX": "1", "PIP_CONFIG_FILE": os.devnull} \
         if find_links else {}
-    run = hermetic(root, "realize", REPO / "recipes" / "toolchain.toml", env={**env, **extra}, cwd=cwd)
+    run = cli.run(root, "realize", REPO / "recipes" / "toolchain.toml", env={**env, **extra}, cwd=cwd)
     if run.rc != 0:
         raise RuntimeError(f"realizing the toolchain failed:\n{run.err[-3000:]}")
 
@@ -354,7 +307,9 @@ class CrashLab:
         lines = [f"{w.name} @ {self.server.add(w.path)} --hash=sha256:{w.sha256}\n"
                  for w in _env_wheels(self.work / "wheels")]
         (self.project / "env.lock.txt").write_text("".join(lines))
-        self.recipe.write_text(RECIPE.format(name=self.name))
+        ext = 'name = "crash_ext"\nsource = "src"\nsources = ["*.cpp", "*.cu"]\ninclude_dirs = ["."]'
+        self.recipe.write_text(recipe_toml(self.name, locks=["env.lock.txt"], toolchain=True, archs=["9.0"],
+                                           sources={"src": "src"}, jobs=2, extensions=[ext]))
         start = time.monotonic()
         run = self._realize()
         if run.rc != 0:
@@ -366,17 +321,17 @@ class CrashLab:
         return {"reference_realize_s": round(seconds, 2), "module_bytes": len(self.reference_raw),
                 "phases": [r["phase"] for r in run.records if r.get("event") == "phase"]}
 
-    def _realize(self) -> Run:
-        return hermetic(self.root, "realize", self.recipe, "--json", env=self.env, cwd=self.cwd)
+    def _realize(self) -> Result:
+        return cli.run(self.root, "realize", self.recipe, "--json", env=self.env, cwd=self.cwd)
 
     def _module_bytes(self) -> bytes:
         mods = sorted((self.root / "profiles" / self.name).glob("crash_ext*.so"))
         assert len(mods) == 1, mods
         return mods[0].read_bytes()
 
-    def _forget(self) -> Run:
+    def _forget(self) -> Result:
         """gc --drop-root: the recipe is cold again (wheels, sources, objects, module all collected)."""
-        run = hermetic(self.root, "gc", "--drop-root", self.name, "--json", env=self.env, cwd=self.cwd)
+        run = cli.run(self.root, "gc", "--drop-root", self.name, "--json", env=self.env, cwd=self.cwd)
         if run.rc != 0:
             raise RuntimeError(f"gc failed:\n{run.err[-3000:]}")
         return run
@@ -386,9 +341,7 @@ class CrashLab:
         start = time.monotonic()
         audit = OutsideRootAudit(self.root, home=self.home, temp_dirs=[self.tmp], cwd=self.cwd)
         audit.start()
-        proc = subprocess.Popen([sys.executable, "-m", "hermetic", "--root", str(self.root), "realize",
-                                 str(self.recipe), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env, cwd=self.cwd)
+        proc = cli.popen(self.root, "realize", self.recipe, "--json", env=self.env, cwd=self.cwd)
         err_chunks: list[str] = []
         err_thread = threading.Thread(target=lambda: err_chunks.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
         err_thread.start()
@@ -419,7 +372,7 @@ class CrashLab:
         if t.survivors:
             t.problems.append(f"processes outlived hermetic: {t.survivors}")
             end_processes(t.survivors)
-        verify = hermetic(self.root, "verify", "--json", env=self.env, cwd=self.cwd)
+        verify = cli.run(self.root, "verify", "--json", env=self.env, cwd=self.cwd)
         t.verify_rc, t.verify_problems = verify.rc, verify.result.get("problems", [])
         if verify.rc != 0 or t.verify_problems:
             t.problems.append(f"verify after the kill: exit {verify.rc}, {t.verify_problems[:5]}")
@@ -444,7 +397,7 @@ class CrashLab:
         t.seconds = round(time.monotonic() - start, 2)
         return t
 
-    def _check_recovery(self, t: Trial, run: Run) -> None:
+    def _check_recovery(self, t: Trial, run: Result) -> None:
         assert self.reference is not None and self.reference_raw is not None
         data = self._module_bytes()
         if data == self.reference_raw:
