@@ -359,6 +359,19 @@ class FingerprintCache:
                 return  # unchanged: a no-op writes nothing
         atomic_write(path, data, durable=False)
 
+    def values(self) -> Iterator[Any]:
+        """Every value still valid, in no particular order."""
+        if not self.folder.is_dir():
+            return
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                key = json.loads(path.read_bytes())["key"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            value = self.get(key)
+            if value is not None:
+                yield value
+
     def cached(self, key: str, inputs: Sequence[Path | str], compute: Callable[[], Any]) -> Any:
         found = self.get(key)
         if found is None:

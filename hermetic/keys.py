@@ -1,4 +1,5 @@
-"""Object keys as pure functions: command normalization, define waivers, comment stripping, depfiles.
+"""Object keys as pure functions: command normalization, prefix maps, define waivers, comment stripping,
+depfiles.
 
 Nothing here touches the store or runs a compiler, so every rule is tested directly (tests/test_keys.py).
 """
@@ -11,7 +12,8 @@ from typing import Any
 
 from hermetic.fs import canonical_json, sha256_bytes
 
-SALT = "hermetic-object-v1"
+# v2: keys, commands and inputs name the fixed prefixes of a PrefixMap, not the root's path
+SALT = "hermetic-object-v2"
 # Environment variables that change what nvcc or gcc produce (build-caches.md, section (c) 4).
 KEY_ENV = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CPATH", "C_INCLUDE_PATH",
            "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", "COMPILER_PATH", "GCC_EXEC_PREFIX", "GCC_COMPARE_DEBUG",
@@ -67,11 +69,14 @@ def key_env(kind: str, env: Mapping[str, str]) -> dict[str, str]:
     return {k: env[k] for k in KEY_ENV if k in env and (kind == "nvcc" or not k.startswith("NVCC_"))}
 
 
-def lookup_key(kind: str, argv: Sequence[str], env: Mapping[str, str], toolchain: Mapping[str, Any]) -> str:
-    """What must be equal for two compiles to be compared input by input: all but defines and inputs."""
+def lookup_key(kind: str, argv: Sequence[str], env: Mapping[str, str], toolchain: Mapping[str, Any],
+               host: Mapping[str, Any] | None = None, root: str | None = None) -> str:
+    """What must be equal for two compiles to be compared input by input: all but defines and inputs. ``argv``
+    and ``env`` are canonical (``PrefixMap.canonical``); ``root`` is the scratch root's path for a compile whose
+    flags defeat the prefix map (its objects hold that path), else None: such an object serves that root only."""
     rest, _defines = split_defines(argv)
     return sha256_bytes(canonical_json({"salt": SALT, "kind": kind, "argv": rest, "env": key_env(kind, env),
-                                        "toolchain": dict(toolchain)}))
+                                        "toolchain": dict(toolchain), "host": dict(host or {}), "root": root}))
 
 
 def object_key(lookup: str, defines: Mapping[str, str | None], inputs: Iterable[Sequence[str]]) -> str:
@@ -123,3 +128,106 @@ def parse_depfile(text: str) -> list[str]:
             if dep not in deps:
                 deps.append(dep)
     return deps
+
+
+# Prefix maps: compiles that do not depend on where the root is ------------------------------------------------
+# Flags whose output keeps paths the host compiler's -ffile-prefix-map does not reach: nvcc's device debug and
+# line information (cicc and ptxas take their file names from the preprocessed stream, whose line markers gcc
+# does not map), and nvcc's host debug flags (unproven: treated alike). g++'s own -g is mapped (its DWARF
+# names, the compilation folder included, follow -ffile-prefix-map: tests/test_keys.py).
+UNMAPPABLE_NVCC = frozenset({"-G", "--device-debug", "-lineinfo", "--generate-line-info", "-g", "--debug"})
+# options whose value is attached to them and may be a path
+_ATTACHED = ("-isystem", "-idirafter", "-iquote", "-imacros", "-include", "-I", "-L")
+
+
+def unmappable(argv: Sequence[str], cuda: bool) -> str | None:
+    """The flag that keeps paths in this compile's output beyond any prefix map, or None."""
+    if cuda:
+        for a in argv:
+            if a in UNMAPPABLE_NVCC or a.startswith("-g") and a[2:].isdigit():
+                return a
+    return None
+
+
+class PrefixMap:
+    """Local folders and the fixed names a compile knows them by: the scratch root, each variant's source and
+    build folders, the toolchain, the host interpreter's site-packages (torch's headers and libraries) and its
+    Python headers. Keys, commands and input paths in records are canonical (the fixed names); at use they are
+    rebased onto this machine's folders. Compilers get the same map as ``-ffile-prefix-map`` (nvcc through
+    ``-Xcompiler``), so what they write into objects (``__FILE__``, debug names) is canonical too.
+    """
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        seen: dict[str, str] = {}
+        for local, fixed in pairs:
+            local = local.rstrip("/") or "/"
+            if local in seen and seen[local] != fixed:
+                raise ValueError(f"{local} mapped twice: {seen[local]} and {fixed}")
+            seen[local] = fixed
+        # most specific first when rebasing; a compiler takes the last of its -ffile-prefix-map options that
+        # matches, so it gets them the other way round
+        self.pairs = tuple(sorted(seen.items(), key=lambda kv: -len(kv[0])))
+        self._back = tuple(sorted(((f, lo) for lo, f in self.pairs), key=lambda kv: -len(kv[0])))
+
+    @staticmethod
+    def _swap(path: str, pairs: tuple[tuple[str, str], ...]) -> str:
+        for old, new in pairs:
+            if path == old or path.startswith(old + "/"):
+                return new + path[len(old):]
+        return path
+
+    def canonical_path(self, path: str) -> str:
+        return self._swap(path, self.pairs)
+
+    def local_path(self, path: str) -> str:
+        return self._swap(path, self._back)
+
+    def _arg(self, arg: str, to: Any) -> str:
+        mapped = to(arg)
+        if mapped != arg:
+            return str(mapped)
+        for opt in _ATTACHED:
+            if arg.startswith(opt) and len(arg) > len(opt):
+                return opt + to(arg[len(opt):])
+        if "=" in arg:  # --orig_src_path_name=PATH, -DNAME=PATH, ...
+            head, _, tail = arg.partition("=")
+            return f"{head}={to(tail)}"
+        return arg
+
+    def canonical(self, argv: Sequence[str]) -> list[str]:
+        return [self._arg(a, self.canonical_path) for a in argv]
+
+    def local(self, argv: Sequence[str]) -> list[str]:
+        return [self._arg(a, self.local_path) for a in argv]
+
+    def canonical_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Search paths entry by entry, flag variables flag by flag, a single path as a path."""
+        out = {}
+        for k, v in env.items():
+            if k.endswith("_FLAGS"):
+                out[k] = " ".join(self.canonical(v.split()))
+            elif k.endswith("PATH"):
+                out[k] = ":".join(self.canonical_path(p) for p in v.split(":"))
+            else:
+                out[k] = self.canonical_path(v)
+        return out
+
+    def local_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        out = {}
+        for k, v in env.items():
+            if k.endswith("_FLAGS"):
+                out[k] = " ".join(self.local(v.split()))
+            elif k.endswith("PATH"):
+                out[k] = ":".join(self.local_path(p) for p in v.split(":"))
+            else:
+                out[k] = self.local_path(v)
+        return out
+
+    def compiler_flags(self, cuda: bool) -> list[str]:
+        """-ffile-prefix-map for every pair, the most specific last (the compiler takes the last match)."""
+        flags = [f"-ffile-prefix-map={local}={fixed}" for local, fixed in reversed(self.pairs)]
+        return [x for f in flags for x in ("-Xcompiler", f)] if cuda else flags
+
+    def record(self) -> list[list[str]]:
+        """For certificates: [local, canonical] pairs, most specific first."""
+        return [[lo, f] for lo, f in self.pairs]

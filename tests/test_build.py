@@ -144,7 +144,7 @@ def test_limits_apply_to_live_compilers(tmp_path: Path, shared_root: Path) -> No
 
 def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) -> None:
     from hermetic.build.host import qualify
-    from hermetic.build.plan import plan_extension
+    from hermetic.build.plan import plan_extension, prefix_map
     from hermetic.recipe import Extension, Variant
     from hermetic.root import Root
 
@@ -155,7 +155,8 @@ def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) ->
     files = sorted(p.name for p in src.iterdir())
     ext = Extension("fixture_ext", "src", ("*.cpp", "*.cu"), include_dirs=(".",), cflags=("-O2",),
                     cuda_cflags=("-O3", "--use_fast_math"))
-    plan = plan_extension(ext, Variant("default"), facts, cuda_home, ("9.0",), src, files, tmp_path / "b")
+    pmap = prefix_map(tmp_path, "src", src, tmp_path / "b", cuda_home, facts)
+    plan = plan_extension(ext, Variant("default"), facts, cuda_home, ("9.0",), src, files, tmp_path / "b", pmap)
     ours = {Path(c.source).name: c.command() for c in plan.compiles}
 
     writer = f"""
@@ -218,7 +219,8 @@ def _torch_commands(ninja: Path) -> dict[str, list[str]]:
 
 
 def _normalize(argv: list[str]) -> list[str]:
-    """Drop what may differ: output and object paths, dependency-file flags, nvcc's module-id path."""
+    """Drop what may differ: output and object paths, dependency-file flags, nvcc's module-id path, the prefix
+    map (hermetic's -ffile-prefix-map, given to nvcc through -Xcompiler)."""
     out: list[str] = []
     skip = 0
     for i, a in enumerate(argv):
@@ -226,6 +228,11 @@ def _normalize(argv: list[str]) -> list[str]:
             skip -= 1
             continue
         if a == "-Xcudafe" and argv[i + 1].startswith("--orig_src_path_name="):
+            skip = 1
+            continue
+        if a.startswith("-ffile-prefix-map="):
+            continue
+        if a == "-Xcompiler" and argv[i + 1].startswith("-ffile-prefix-map="):
             skip = 1
             continue
         if a in ("-MD", "-MMD", "--generate-dependencies-with-compile"):

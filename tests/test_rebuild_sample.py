@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hermetic.store import Store
 from tests.support import cli
-from tests.support.builds import Project
+from tests.support.builds import Project, local_command
 
 
 def _verify(root: Path, n: int) -> tuple[int, dict[str, object]]:
@@ -39,7 +39,7 @@ def test_rebuild_sample_finds_no_mismatch_then_catches_a_planted_object(tmp_path
     store = Store(root / "store")
     name = next(e for e in store.iter_entries() if e.endswith("-obj-other.o"))
     meta = store.object_record(name)
-    argv = list(meta["command"])
+    argv = local_command(root, name)
     wrong = tmp_path / "wrong.o"
     argv[argv.index("-o") + 1] = str(wrong)
     subprocess.run([*argv, "-O3", "-fno-inline"], check=True, cwd=tmp_path)

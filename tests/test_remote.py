@@ -1,9 +1,11 @@
 """Sharing between machines through a real nginx WebDAV server (remote/nginx.conf) on loopback.
 
 Machine A builds a small real fixture (g++ and nvcc from the wheels) with a read-write remote; machine B is
-an empty root with its own HOME and no package index, at the same root path (object keys hold absolute
-paths: docs/remote.md), and gets everything from the server. Then the server lies, loses blobs, refuses
-writes, stops mid-build and takes concurrent uploads; every time the build stays correct.
+an empty root with its own HOME and no package index, at the same root path, and gets everything from the
+server; so does a root at another path (objects name no folder of their machine: keys.PrefixMap), whose
+module equals a local compile there, and an air-gapped root elsewhere through an archive. Then the server
+lies, loses blobs, refuses writes, stops mid-build and takes concurrent uploads; every time the build stays
+correct.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import pytest
 
 from hermetic.build.certificate import read_certificate
+from hermetic.build.rebuild import normalized
 from hermetic.keys import lookup_key, object_key, split_defines
 from hermetic.remote.actionresult import OutputFile, decode_action_result, encode_action_result
 from hermetic.remote.bazel import BazelHttpCache
@@ -37,7 +40,7 @@ from hermetic.reporter import Reporter
 from hermetic.store import STORE_FORMAT, Store, entry_name
 from tests.support import cli
 from tests.support.builds import DATA, Project
-from tests.support.cli import hermetic_env
+from tests.support.cli import REPO, hermetic_env
 from tests.support.nginx import PASSWORD, WRITER, Nginx, nginx_binary
 from tests.support.recipes import recipe_toml
 
@@ -83,11 +86,11 @@ def _finish(root: Path, rc: int, out: str, err: str) -> Run:
     return run
 
 
-def module_values(root: Path) -> tuple[int, int]:
+def module_values(root: Path, profile: str = "remotefix") -> tuple[int, int]:
     """What the realized module computes, imported next to torch (it links torch's libraries)."""
     p = subprocess.run([sys.executable, "-c", "import torch, fixture_ext; print(list(fixture_ext.values()))"],
                        capture_output=True, text=True, cwd=root,
-                       env={**os.environ, "PYTHONPATH": str(root / "profiles" / "remotefix")})
+                       env={**os.environ, "PYTHONPATH": str(root / "profiles" / profile)})
     assert p.returncode == 0, p.stderr
     a, b = json.loads(p.stdout)
     return int(a), int(b)
@@ -168,6 +171,97 @@ def test_a_second_machine_builds_nothing_and_says_where_everything_came_from(tea
         assert f"/cache/cas/{digest}" in ok_gets
     assert sum(p.startswith("/cache/ac/") for p in ok_gets) == 4  # three object lists and the module
     assert not [line for line in log if '"PUT ' in line]
+
+
+def module_file(run: Run) -> bytes:
+    return (Path(run.receipt["profile"]) / run.receipt["modules"][0]["file"]).read_bytes()
+
+
+def rebuild_sample(root: Path, home: Path) -> list[dict[str, Any]]:
+    v = cli.run(root, "verify", "--rebuild-sample", "20", "--json", env=hermetic_env(home, pip="offline"))
+    assert v.rc == 0, v.err[-3000:]
+    return list(v.result["rebuilt"])
+
+
+def test_a_root_at_another_path_gets_everything_and_the_module_it_would_compile(team: Team) -> None:
+    """Objects do not depend on where the root is: a root elsewhere fetches every object and the module, and
+    compiling there gives the same module (but for nvcc's temp names); rebuilding the fetched objects there
+    gives them again."""
+    a = team.first
+    elsewhere = team.base / "elsewhere" / "deeper" / "root"
+    c = realize(elsewhere, team.project.recipe, team.base / "home-c", env={"HERMETIC_REMOTE_CACHE": team.server.url})
+    assert isinstance(c, Run) and c.rc == 0, c.err[-3000:]
+    assert c.decisions == dict.fromkeys(SOURCES, "fetched-remote") and "objects_compiled" not in c.receipt["counts"]
+    assert c.certificate["module_build"]["decision"] == "fetched-remote"
+    assert c.receipt["modules"][0]["sha256"] == a.receipt["modules"][0]["sha256"]  # the very module A linked
+    assert module_values(elsewhere) == (7, TABLE_SUM)
+    local = team.base / "local-compile" / "root"
+    d = realize(local, team.project.recipe, team.base / "home-d", env={"PIP_FIND_LINKS": str(team.base / "wheels")})
+    assert isinstance(d, Run) and d.rc == 0, d.err[-3000:]
+    assert d.decisions == dict.fromkeys(SOURCES, "compiled")
+    assert normalized(module_file(d)) == normalized(module_file(c))
+    assert {o["source"]: o["digest"] for o in d.certificate["objects"] if not o["source"].endswith(".cu")} == \
+        {s: h for s, h in a.digests.items() if not s.endswith(".cu")}  # g++ objects: byte for byte
+    rebuilt = rebuild_sample(elsewhere, team.base / "home-c")
+    assert sorted(r["source"] for r in rebuilt) == sorted(SOURCES) and {r["outcome"] for r in rebuilt} == {"same"}
+
+
+def test_an_archive_moves_objects_to_a_root_at_another_path(team: Team) -> None:
+    a_root = team.first_root
+    archive = team.base / "closure.tar.zst"
+    home = team.base / "home-x"
+    out = cli.run(a_root, "export", archive, "--level", "1", "--json", env=hermetic_env(home, pip="offline"))
+    assert out.rc == 0, out.err[-3000:]
+    target = team.base / "air-gapped" / "root"
+    imp = cli.run(target, "import", archive, "--json", env=hermetic_env(home, pip="offline"))
+    assert imp.rc == 0, imp.err[-3000:]
+    x = realize(target, team.project.recipe, home)
+    assert isinstance(x, Run) and x.rc == 0, x.err[-3000:]
+    assert x.decisions == dict.fromkeys(SOURCES, "reused") and x.receipt["counts"]["fetched"] == 0
+    assert x.receipt["modules"][0]["sha256"] == team.first.receipt["modules"][0]["sha256"]
+    assert module_values(target) == (7, TABLE_SUM)
+    assert {r["outcome"] for r in rebuild_sample(target, home)} == {"same"}
+
+
+def test_the_p2p_extension_travels_to_a_root_at_another_path(team: Team, shared_root: Path) -> None:
+    """The worker's own extension, the same way: the session's root (which builds p2p, or has it) shares it
+    with a read-write client; a root elsewhere gets every object and the module, which a compile there gives
+    too (but for nvcc's temp names)."""
+    p2p = REPO / "recipes" / "p2p.toml"
+    writer = hermetic_env(pip="machine", extra={"HERMETIC_REMOTE_CACHE": team.server.writer_url,
+                                               "HERMETIC_REMOTE_CACHE_MODE": "rw"})
+    shared = cli.run(shared_root, "realize", p2p, "--explain", "--json", env=writer)  # every step: it shares all
+    assert shared.rc == 0, shared.err[-3000:]
+    e = realize(team.base / "p2p-elsewhere" / "root", p2p, team.base / "home-p2p-e",
+                env={"HERMETIC_REMOTE_CACHE": team.server.url})
+    assert isinstance(e, Run) and e.rc == 0, e.err[-3000:]
+    assert set(e.decisions.values()) == {"fetched-remote"} and len(e.decisions) == 2
+    assert e.certificate["module_build"]["decision"] == "fetched-remote"
+    f = realize(team.base / "p2p-local" / "root", p2p, team.base / "home-p2p-f",
+                env={"PIP_FIND_LINKS": str(team.base / "wheels")})
+    assert isinstance(f, Run) and f.rc == 0, f.err[-3000:]
+    assert set(f.decisions.values()) == {"compiled"}
+    assert normalized(module_file(f)) == normalized(module_file(e))
+
+
+def test_device_debug_keeps_the_root_in_the_key_and_explain_says_why(team: Team) -> None:
+    """nvcc -G writes this machine's paths into device debug information, which no prefix map reaches: such an
+    object serves its own root only. The g++ units of the same recipe still travel."""
+    base = team.base / "debug"
+    proj = Project(base / "project", "remotefix", base / "unused", sources=DATA / "remote_src", cuda_cflags='"-G"')
+    first = realize(base / "root-1", proj.recipe, base / "home-1", "--explain",
+                    env={"PIP_FIND_LINKS": str(team.base / "wheels"), "HERMETIC_REMOTE_CACHE": team.server.writer_url,
+                         "HERMETIC_REMOTE_CACHE_MODE": "rw"})
+    assert isinstance(first, Run) and first.rc == 0, first.err[-3000:]
+    assert first.decisions["kern.cu"] == "compiled"  # -G: another key than team A's kern.cu
+    second = realize(base / "root-2", proj.recipe, base / "home-2", "--explain",
+                     env={"HERMETIC_REMOTE_CACHE": team.server.url})
+    assert isinstance(second, Run) and second.rc == 0, second.err[-3000:]
+    assert second.decisions == {"bindings.cpp": "fetched-remote", "kern.cu": "compiled", "table.cpp": "fetched-remote"}
+    kern = next(o for o in second.certificate["objects"] if o["source"] == "kern.cu")
+    assert kern["path_bound"] == "-G"
+    explained = [r["message"] for r in map(json.loads, second.out.splitlines()) if r.get("event") == "explain"]
+    assert any("kern.cu: compiled" in line and "bound to this root by -G" in line for line in explained), explained
 
 
 def test_uploads_are_framed_for_bazel_remote_and_large_objects_pass(team: Team) -> None:
@@ -311,7 +405,7 @@ def _record() -> tuple[dict[str, Any], bytes]:
     blob = bytes(range(256)) * (12 << 10)
     command = ["c++", "-DX=1", "-c", "/nonexistent/concurrency.cpp", "-o", "/nonexistent/concurrency.o"]
     argv, defines = split_defines(command)
-    lookup = lookup_key("cxx", command, {}, {"host_compilers": "test"})
+    lookup = lookup_key("cxx", command, {}, {"host_compilers": "test"}, {"torch": "test"}, None)
     inputs = [["/nonexistent/concurrency.cpp", "raw", hashlib.sha256(b"src").hexdigest()]]
     key = object_key(lookup, defines, inputs)
     name = entry_name(key, "obj-concurrency.o")
@@ -319,7 +413,8 @@ def _record() -> tuple[dict[str, Any], bytes]:
     meta = {"format": STORE_FORMAT, "kind": "object", "name": name, "key": key, "lookup": lookup,
             "source": "concurrency.cpp", "object": digest, "size": len(blob), "inputs": inputs, "defines": defines,
             "argv": argv, "command": command, "output": command[-1], "env": {},
-            "toolchain": {"host_compilers": "test"}, "built_by": {"host": "test"}, "refs": [f"blob:{digest}"]}
+            "toolchain": {"host_compilers": "test"}, "host": {"torch": "test"}, "root": None,
+            "built_by": {"host": "test"}, "refs": [f"blob:{digest}"]}
     return meta, blob
 
 

@@ -13,11 +13,12 @@ import zstandard
 from hermetic.build.host import host_identity
 from hermetic.build.objects import ObjectChoice, stored_blob
 from hermetic.build.plan import BuildPlan
+from hermetic.keys import PrefixMap
 from hermetic.recipe import Recipe, Variant
 from hermetic.store import Store
 from hermetic.store.records import HostIdentity, InputHash, Producer, ToolchainId
 
-CERTIFICATE_FORMAT = 1
+CERTIFICATE_FORMAT = 2  # 2: canonical inputs, the build's prefix map, path_bound per object
 
 
 class ModuleBuild(TypedDict):
@@ -39,6 +40,7 @@ class CertifiedObject(TypedDict):
     reason: str
     first_built_by: Producer | None
     inputs: list[InputHash]
+    path_bound: str | None              # the flag that keeps this root's path in the object (nvcc -G), if any
 
 
 class Certificate(TypedDict):
@@ -51,12 +53,13 @@ class Certificate(TypedDict):
     module_sha256: str
     link: list[str]
     module_build: ModuleBuild
+    prefix_map: list[list[str]]         # [local folder, its fixed name], most specific first
     objects: list[CertifiedObject]
 
 
 def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[str, Any],
                 toolchain_id: ToolchainId, choices: list[ObjectChoice], so_digest: str,
-                module: ModuleBuild) -> Certificate:
+                module: ModuleBuild, pmap: PrefixMap) -> Certificate:
     objects: list[CertifiedObject] = []
     for d in choices:
         rec = d.record
@@ -64,10 +67,10 @@ def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[s
                         "entry": d.entry, "key": rec["key"] if rec else None,
                         "digest": rec["object"] if rec else None, "blob": stored_blob(rec) if rec else None,
                         "waived": d.waived, "reason": d.reason, "first_built_by": rec["built_by"] if rec else None,
-                        "inputs": rec["inputs"] if rec else []})
+                        "inputs": rec["inputs"] if rec else [], "path_bound": d.compile.path_bound})
     return {"format": CERTIFICATE_FORMAT, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
             "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
-            "link": list(plan.link_argv), "module_build": module, "objects": objects}
+            "link": list(plan.link_argv), "module_build": module, "prefix_map": pmap.record(), "objects": objects}
 
 
 def read_certificate(store: Store, blob: str) -> Certificate:

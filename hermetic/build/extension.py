@@ -19,10 +19,10 @@ from hermetic import fs
 from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
 from hermetic.build.host import host_identity
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, ObjectChoice, producer_record
-from hermetic.build.plan import BuildPlan, Compile, plan_extension
+from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
 from hermetic.errors import WorkFailed
-from hermetic.keys import KEY_ENV
+from hermetic.keys import KEY_ENV, PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Recipe, Variant
 from hermetic.reporter import Reporter
@@ -33,7 +33,7 @@ from hermetic.store.records import ObjectRecord, ToolchainId
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
 
-MODULE_VERSION = 1
+MODULE_VERSION = 2  # 2: the link command in the key is canonical (keys.PrefixMap)
 # Passed through to compilers (and part of every object key); everything else of the caller's environment
 # that could steer a compiler is dropped: no system CUDA, no CC/CXX, no LD_LIBRARY_PATH.
 PASSED_ENV = tuple(k for k in KEY_ENV if k != "PATH")
@@ -73,10 +73,11 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     build_dir = root.path / "build" / recipe.name / variant.name / ext.name
     build_dir.mkdir(parents=True, exist_ok=True)
     archs = recipe.toolchain.archs if recipe.toolchain else ()
-    plan = plan_extension(ext, variant, facts, tc.cuda_home if tc else None, archs, src_root, tree_files,
-                          build_dir)
+    cuda_home = tc.cuda_home if tc else None
+    pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, facts)
+    plan = plan_extension(ext, variant, facts, cuda_home, archs, src_root, tree_files, build_dir, pmap)
     env = build_env(root, tc)
-    cache = ObjectCache(root, store, toolchain_id, env)
+    cache = ObjectCache(root, store, toolchain_id, env, host_identity(facts), pmap)
     choices = [cache.find(c) for c in plan.compiles]
     if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
         fetched = share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
@@ -118,8 +119,8 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     if share is not None:  # compiled here or reused from this store: share what the remote lacks
         share.upload_objects([d.record for d in choices
                               if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
-    built = _link_and_certify(root, store, recipe, variant, plan, facts, choices, env, toolchain_id, reporter,
-                              share)
+    built = _link_and_certify(root, store, recipe, variant, plan, facts, choices, env, toolchain_id, pmap,
+                              reporter, share)
     root.cache("builds").put(last_build, built.certificate_blob)
     return built
 
@@ -206,10 +207,11 @@ def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], reci
 
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
                       facts: dict[str, Any], choices: list[ObjectChoice], env: dict[str, str],
-                      toolchain_id: ToolchainId, reporter: Reporter, share: ObjectShare | None) -> BuiltModule:
+                      toolchain_id: ToolchainId, pmap: PrefixMap, reporter: Reporter,
+                      share: ObjectShare | None) -> BuiltModule:
     digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in choices]
     paths = {d.compile.object for d in choices} | {plan.output}  # build-folder paths leave the key
-    link_key_argv = ["<OBJ>" if a in paths else a for a in plan.link_argv]
+    link_key_argv = pmap.canonical(["<OBJ>" if a in paths else a for a in plan.link_argv])
     key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
                                              "toolchain": toolchain_id, "link": link_key_argv,
                                              "objects": digests}))
@@ -237,7 +239,7 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
     rec = store.module_record(name)
     module: ModuleBuild = {"decision": module_from, "entry": name, "producer_certificate": rec["producer_certificate"],
                            "remote": share.record() if share is not None else None}
-    cert = certificate(recipe, variant, plan, facts, toolchain_id, choices, rec["so"], module)
+    cert = certificate(recipe, variant, plan, facts, toolchain_id, choices, rec["so"], module, pmap)
     raw = fs.canonical_json(cert)
     cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
     store.pin_blob(cert_blob)

@@ -24,6 +24,7 @@ from hermetic.build.plan import Compile
 from hermetic.errors import WorkFailed
 from hermetic.keys import (
     TEMPORAL,
+    PrefixMap,
     differing_defines,
     identifier_re,
     is_debug,
@@ -36,7 +37,7 @@ from hermetic.keys import (
 )
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
-from hermetic.store.records import InputHash, ObjectRecord, Packed, Producer, ToolchainId
+from hermetic.store.records import HostIdentity, InputHash, ObjectRecord, Packed, Producer, ToolchainId
 
 RAW, STRIPPED = "raw", "stripped"
 # An object is stored zstd-compressed (``record["packed"]``) when that saves at least a quarter of its bytes:
@@ -173,13 +174,29 @@ def choose(defines: dict[str, str | None], records: Sequence[ObjectRecord],
 
 
 class ObjectCache:
-    def __init__(self, root: Root, store: Store, toolchain: ToolchainId, env: dict[str, str]) -> None:
+    """The objects of one build's compiles: found, proven, recorded. ``pmap`` rebases the canonical paths of
+    records onto this build's folders (and makes this build's own canonical)."""
+
+    def __init__(self, root: Root, store: Store, toolchain: ToolchainId, env: dict[str, str], host: HostIdentity,
+                 pmap: PrefixMap) -> None:
         self.root, self.store, self.toolchain, self.env = root, store, toolchain, env
+        self.host, self.pmap = host, pmap
         self.hasher = InputHasher(root)
         self._scan: dict[tuple[str, str], bool] = {}
 
+    def _env(self, c: Compile) -> dict[str, str]:
+        return self.pmap.canonical_env(key_env("nvcc" if c.cuda else "cxx", self.env))
+
+    def _root_pin(self, c: Compile) -> str | None:
+        return str(self.root.path) if c.path_bound else None
+
     def lookup(self, c: Compile) -> str:
-        return lookup_key("nvcc" if c.cuda else "cxx", c.argv, self.env, self.toolchain)
+        return lookup_key("nvcc" if c.cuda else "cxx", self.pmap.canonical(c.argv), self._env(c), self.toolchain,
+                          self.host, self._root_pin(c))
+
+    def input_hash(self, path: str, mode: str) -> str | None:
+        """The hash now of a recorded (canonical) input, read from this build's folders."""
+        return self.hasher.hash(self.pmap.local_path(path), mode)
 
     def find(self, c: Compile) -> ObjectChoice:
         """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""
@@ -196,7 +213,7 @@ class ObjectCache:
         may come from the remote); a 'compiled' choice when none fits."""
         _rest, defines = split_defines(c.argv)
         found = choose(defines, records,
-                       lambda r: all(self.hasher.hash(p, mode) == h for p, mode, h in r["inputs"]),
+                       lambda r: all(self.input_hash(p, mode) == h for p, mode, h in r["inputs"]),
                        lambda r, names: self._waiver_blocker(c, r, names))
         if isinstance(found, NoneFits):
             return ObjectChoice(c, Decision.COMPILED, reason=found.reason, weight=found.weight)
@@ -206,25 +223,26 @@ class ObjectCache:
         """The first key component that differs from the object this source had in the previous build."""
         if previous is None:
             return "no previous object of this source"
-        kind = "nvcc" if c.cuda else "cxx"
         old_tc: dict[str, Any] = dict(previous["toolchain"])
         new_tc: dict[str, Any] = dict(self.toolchain)
         if old_tc != new_tc:
             changed = sorted(k for k in set(new_tc) | set(old_tc) if new_tc.get(k) != old_tc.get(k))
             return f"the toolchain changed ({', '.join(changed)})"
-        env, old_env = key_env(kind, self.env), previous["env"]
+        env, old_env = self._env(c), previous["env"]
         for k in sorted(set(env) | set(old_env)):
             if env.get(k) != old_env.get(k):
                 return f"environment variable {k} changed: {old_env.get(k)!r} -> {env.get(k)!r}"
-        rest, defines = split_defines(c.argv)
+        rest, defines = split_defines(self.pmap.canonical(c.argv))
         old = previous["argv"]
         for i, (a, b) in enumerate(zip(old, rest, strict=False)):
             if a != b:
                 return f"command argument {i} changed: {a!r} -> {b!r}"
         if len(old) != len(rest):
             return f"command changed length: {len(old)} -> {len(rest)} arguments"
+        if previous.get("root") != self._root_pin(c):
+            return f"the object was bound to the root {previous.get('root')}, this compile to {self._root_pin(c)}"
         for path, mode, h in previous["inputs"]:
-            now = self.hasher.hash(path, mode)
+            now = self.input_hash(path, mode)
             if now is None:
                 return f"input {path} is gone"
             if now != h:
@@ -236,7 +254,7 @@ class ObjectCache:
 
     def _waiver_blocker(self, c: Compile, rec: ObjectRecord, names: list[str]) -> str | None:
         """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
-        rest, _d = split_defines(c.argv)
+        rest, _d = split_defines(self.pmap.canonical(c.argv))
         pattern = identifier_re(names)
         others = " ".join(rest) + " " + " ".join(self.env.get(k, "") for k in ("NVCC_PREPEND_FLAGS",
                                                                                  "NVCC_APPEND_FLAGS"))
@@ -247,7 +265,7 @@ class ObjectCache:
             hit = self._scan.get((h + path, key))
             if hit is None:
                 try:
-                    hit = pattern.search(Path(path).read_bytes()) is not None
+                    hit = pattern.search(Path(self.pmap.local_path(path)).read_bytes()) is not None
                 except OSError:
                     hit = True
                 self._scan[(h + path, key)] = hit
@@ -278,12 +296,13 @@ class ObjectCache:
             h = self.hasher.hash(p, mode)
             if h is None:
                 return ObjectChoice(c, Decision.UNCACHEABLE, reason=f"input {p} vanished during the build")
-            inputs.append((p, mode, h))
+            inputs.append((self.pmap.canonical_path(p), mode, h))
         for p in paths:
             if self.hasher.temporal(p):
                 return ObjectChoice(c, Decision.UNCACHEABLE, reason=f"{p} uses __DATE__/__TIME__/__TIMESTAMP__")
         lk = self.lookup(c)
-        rest, defines = split_defines(c.argv)
+        command = self.pmap.canonical(c.argv)
+        rest, defines = split_defines(command)
         key = object_key(lk, defines, inputs)
         name = entry_name(key, "obj-" + os.path.basename(c.object))
         data = Path(c.object).read_bytes()
@@ -297,9 +316,9 @@ class ObjectCache:
                 staging.record = {
                     "format": STORE_FORMAT, "name": name, "kind": "object", "key": key, "lookup": lk,
                     "source": c.rel, "object": digest, "size": len(data), "inputs": inputs,
-                    "defines": dict(sorted(defines.items())), "argv": rest, "command": list(c.argv),
-                    "output": c.object, "env": key_env("nvcc" if c.cuda else "cxx", self.env),
-                    "toolchain": self.toolchain, "built_by": producer,
+                    "defines": dict(sorted(defines.items())), "argv": rest, "command": command,
+                    "output": self.pmap.canonical_path(c.object), "env": self._env(c),
+                    "toolchain": self.toolchain, "host": self.host, "root": self._root_pin(c), "built_by": producer,
                     "refs": [blob_ref(packed["blob"] if packed else digest)]}
                 if packed is not None:
                     staging.record["packed"] = packed

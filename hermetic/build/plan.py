@@ -3,8 +3,9 @@
 Pure functions of the host's facts (hermetic.build.host reads torch's own flag helpers), the toolchain and
 the extension: tests compare them with the build.ninja torch itself writes. Differences, all deliberate:
 objects are named after their path in the source tree (torch uses the basename, so two sources with one
-name collide), compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``, and nvcc gets
-``-Xcudafe --orig_src_path_name=SOURCE`` (see module_id_flags).
+name collide), compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``, every compiler
+gets the build's prefix map as ``-ffile-prefix-map`` (``keys.PrefixMap``: what lands in an object names no
+folder of this machine), and nvcc gets ``-Xcudafe --orig_src_path_name=SOURCE`` (see module_id_flags).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hermetic.keys import PrefixMap, unmappable
 from hermetic.recipe import Extension, Variant
 
 CUDA_SUFFIXES = (".cu", ".cuh")
@@ -22,16 +24,18 @@ SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu")
 
 @dataclass(frozen=True)
 class Compile:
-    source: str               # absolute path, through the recipe's stable source link
+    source: str               # absolute path, through the variant's source link
     rel: str                  # the source's path in its tree
     object: str               # absolute path in the build folder
     cuda: bool
-    argv: tuple[str, ...]     # the command, without the dependency-file flags
+    argv: tuple[str, ...]     # the command, without the dependency-file flags and the prefix map
     depfile: str
+    map_flags: tuple[str, ...] = ()   # what the prefix map makes of this compile (``map_flags``): not in keys
+    path_bound: str | None = None     # a flag whose output keeps this machine's paths (nvcc -G): no map covers it
 
     def command(self) -> list[str]:
-        """What runs: the compiler with -MD -MF DEPFILE inserted as torch's rules do."""
-        return [self.argv[0], "-MD", "-MF", self.depfile, *self.argv[1:]]
+        """What runs: the compiler with -MD -MF DEPFILE inserted as torch's rules do, and the prefix map."""
+        return [self.argv[0], "-MD", "-MF", self.depfile, *self.map_flags, *self.argv[1:]]
 
 
 @dataclass(frozen=True)
@@ -90,17 +94,39 @@ def arch_flags(archs: tuple[str, ...], extra_cuda_cflags: list[str]) -> list[str
 
 def module_id_flags(source: str) -> list[str]:
     """nvcc's cudafe++ names a unit's module (its internal-linkage symbols, _INTERNAL_<hash>_..., and the
-    fatbin's module id) after a hash of the source's *resolved* path. hermetic compiles through
-    build/<recipe>/src/<source>, a link to a store tree whose path changes with any change of the tree, so
-    without this an object reused from an earlier tree differs from a fresh compile in those names. Giving
-    cudafe++ the path as written makes the object a function of the command and the inputs the key covers.
-    (-Xcudafe splits its value at commas: a path holding one, or a space or quote, keeps nvcc's choice.)"""
+    fatbin's module id) after a hash of the source's *resolved* path: a store tree's, which changes with any
+    change of the tree and differs between roots and variants. Given the source's canonical name (``/hermetic/
+    src/<source>/<path>``), the object is a function of the command and the inputs the key covers, wherever
+    the root is. (-Xcudafe splits its value at commas: a path holding one, or a space or quote, keeps nvcc's
+    choice.)"""
     return [] if any(c in source for c in ", \t'\"") else ["-Xcudafe", f"--orig_src_path_name={source}"]
+
+
+def prefix_map(root: Path, source: str, src_root: Path, build_dir: Path, cuda_home: Path | None,
+               facts: dict[str, Any]) -> PrefixMap:
+    """The fixed names of one build's folders: every variant's source and build folders get the same names,
+    so variants compare (and share) objects, and so do roots at other paths; torch's and Python's headers get
+    theirs, so the same torch installed elsewhere shares too (another torch never does: its identity is in
+    the key)."""
+    pairs = [(str(root), "/hermetic/root"), (str(src_root), f"/hermetic/src/{source}"),
+             (str(build_dir), f"/hermetic/build/{build_dir.name}"), (facts["python_include"], "/hermetic/python")]
+    if cuda_home is not None:
+        pairs.append((str(cuda_home), "/hermetic/cuda"))
+    if facts.get("torch"):
+        pairs.append((str(Path(facts["torch"]["dir"]).parent), "/hermetic/site"))
+    return PrefixMap(pairs)
+
+
+def map_flags(pmap: PrefixMap, cuda: bool, canonical_source: str) -> list[str]:
+    """The flags a prefix map adds to a compile: -ffile-prefix-map for every folder, and nvcc's module id named
+    after the source's fixed name. They follow from the map and the (canonical) command, so keys leave them
+    out and ``verify --rebuild-sample`` derives them again from a build's map."""
+    return [*pmap.compiler_flags(cuda), *(module_id_flags(canonical_source) if cuda else [])]
 
 
 def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda_home: Path | None,
                    archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
-                   cxx: str = "c++") -> BuildPlan:
+                   pmap: PrefixMap, cxx: str = "c++") -> BuildPlan:
     """The commands torch's JIT build would run for this extension and variant."""
     torch: dict[str, Any] = facts["torch"]
     module = variant.module or ext.name
@@ -141,8 +167,9 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
         obj = str(build_dir / "obj" / (str(PurePosixPath(rel).with_suffix("")) + (".cuda.o" if cuda else ".o")))
         src = str(src_root / rel)
         compiler = [str(cuda_home / "bin" / "nvcc")] if cuda and cuda_home else [cxx]
-        flags = [*cuda_flags, *module_id_flags(src)] if cuda else cflags
-        compiles.append(Compile(src, rel, obj, cuda, (*compiler, *flags, "-c", src, "-o", obj), obj + ".d"))
+        argv = (*compiler, *(cuda_flags if cuda else cflags), "-c", src, "-o", obj)
+        compiles.append(Compile(src, rel, obj, cuda, argv, obj + ".d",
+                                tuple(map_flags(pmap, cuda, pmap.canonical_path(src))), unmappable(argv, cuda)))
 
     ldflags = ["-shared", *ext.ldflags, f"-L{torch['lib']}", "-lc10"]
     if with_cuda:

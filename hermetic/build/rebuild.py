@@ -15,8 +15,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import zstandard
+
 from hermetic import fs
+from hermetic.build.certificate import read_certificate
 from hermetic.build.objects import InputHasher, object_bytes
+from hermetic.build.plan import map_flags
+from hermetic.keys import PrefixMap
 from hermetic.root import Root
 from hermetic.store import Store
 
@@ -36,32 +41,56 @@ def normalized(data: bytes) -> bytes:
 
 
 def rebuild_sample(root: Root, store: Store, n: int, *, seed: int | None = None) -> list[Rebuilt]:
-    objects = [e for e in store.iter_entries() if "-obj-" in e]
+    """Compile again up to ``n`` objects the last builds of this root use, each in the folders of a build that
+    used it (its certificate's prefix map), and compare."""
+    maps = _build_maps(root, store)
+    objects = sorted(e for e in store.iter_entries() if "-obj-" in e and e in maps)
     rng = random.Random(seed)
     sample = rng.sample(objects, min(n, len(objects)))
     hasher = InputHasher(root)
-    results = [_rebuild(root, store, hasher, name) for name in sorted(sample)]
+    results = [_rebuild(root, store, hasher, name, maps[name]) for name in sorted(sample)]
     hasher.save()
     return results
 
 
-def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str) -> Rebuilt:
+def _build_maps(root: Root, store: Store) -> dict[str, PrefixMap]:
+    """Object entry -> the prefix map of a last build (per module) that used it."""
+    maps: dict[str, PrefixMap] = {}
+    for blob in root.cache("builds").values():
+        try:
+            cert = read_certificate(store, str(blob))
+        except (OSError, ValueError, zstandard.ZstdError):
+            continue
+        pmap = PrefixMap((lo, f) for lo, f in cert.get("prefix_map", []))
+        for o in cert["objects"]:
+            if o.get("entry"):
+                maps.setdefault(str(o["entry"]), pmap)
+    return maps
+
+
+def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str, pmap: PrefixMap) -> Rebuilt:
     rec = store.object_record(name)
     source = rec["source"]
     if "command" not in rec:
         return Rebuilt(name, source, "skipped", "recorded by an older hermetic without its command")
     for path, mode, h in rec["inputs"]:
-        if hasher.hash(path, mode) != h:
+        if hasher.hash(pmap.local_path(path), mode) != h:
             return Rebuilt(name, source, "skipped", f"input {path} changed since; not comparable")
-    argv = list(rec["command"])
+    canonical = rec["command"]
+    command = pmap.local(canonical)
+    cuda = command[0].endswith("nvcc")
+    argv = [command[0], *map_flags(pmap, cuda, canonical[canonical.index("-c") + 1]), *command[1:]]
+    # the build's own folder (the compilation folder is in debug information, mapped)
+    build_dir = pmap.local_path("/".join(rec["output"].split("/")[:4]))
     with fs.scratch_dir(root.tmp, "rebuild-") as work_dir:
         work = str(work_dir)
         out = os.path.join(work, os.path.basename(rec["output"]))
         argv[argv.index("-o") + 1] = out
-        env = root.child_env(dict(rec["env"]))
+        env = root.child_env(pmap.local_env(rec["env"]))
         env.setdefault("PATH", "/usr/bin:/bin")
         env["CUDA_VISIBLE_DEVICES"] = ""
-        p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=work)
+        p = subprocess.run(argv, capture_output=True, text=True, env=env,
+                           cwd=build_dir if os.path.isdir(build_dir) else work)
         if p.returncode != 0:
             return Rebuilt(name, source, "mismatch", f"the recorded command failed now: {p.stderr[-500:]}")
         fresh = Path(out).read_bytes()

@@ -1,9 +1,10 @@
 """Source trees: a folder of the repository, or a wheel or sdist pinned by sha256, with patches applied.
 
 A source tree is a store entry named by its *inputs* (the archive's sha256 or the folder's file map, the
-subdir, the patches' bytes), laid out like any tree as read-only links to blobs. Builds see it through a
-stable path, ``build/<recipe>/src/<source>``, so compile commands and the paths compiled into objects are
-the same for every variant of a recipe (PRODUCT.md: absolute paths inside objects are handled deliberately).
+subdir, the patches' bytes), laid out like any tree as read-only links to blobs. A variant's compiles see it
+through ``build/<recipe>/<variant>/src/<source>``, which the build's prefix map names
+``/hermetic/src/<source>`` in keys, records and objects (PRODUCT.md: absolute paths inside objects are
+handled deliberately).
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def _load(store: Store, name: str) -> SourceTree:
     return SourceTree(name, {p: (d, bool(x)) for p, (d, x) in rec["files"].items()})
 
 
-def link_stable(root: Root, recipe: str, source: str, store: Store, tree: SourceTree) -> Path:
-    """Point ``build/<recipe>/src/<source>`` at a source tree (callers hold the recipe's build lock)."""
-    link = root.path / "build" / recipe / "src" / source
+def link_variant_source(root: Root, recipe: str, variant: str, source: str, store: Store,
+                        tree: SourceTree) -> Path:
+    """Point ``build/<recipe>/<variant>/src/<source>`` at the variant's source tree: the folder its compiles
+    read, which the build's prefix map names ``/hermetic/src/<source>`` (callers hold the recipe's build
+    lock)."""
+    link = root.path / "build" / recipe / variant / "src" / source
     fs.atomic_symlink(os.path.relpath(tree.out(store), link.parent), link)
     return link
 

@@ -1,6 +1,7 @@
 """Steps 4-6 of realize for a recipe that builds: the toolchain (``prepare_toolchain``), the source trees of
 every chosen variant (``prepare_sources``), then every extension of every variant (``build_variants``), under
-the recipe's build lock (variants share the stable source path in turn).
+the recipe's build lock. Each variant reads its sources through a folder of its own; the prefix map gives
+them one name, so variants (and other roots) compare and share objects.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
 from hermetic.build.extension import BuiltModule, build_env, build_extension
-from hermetic.build.sources import SourceTree, link_stable, realize_source
+from hermetic.build.sources import SourceTree, link_variant_source, realize_source
 from hermetic.build.toolchain import (
     ToolchainInfo,
     check_compatible,
@@ -99,7 +100,8 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
         for variant in variants:
             trees = {}
             for src_name, tree in sources[variant.name].items():
-                trees[src_name] = (link_stable(root, recipe.name, src_name, store, tree), tree)
+                trees[src_name] = (link_variant_source(root, recipe.name, variant.name, src_name, store, tree),
+                                   tree)
                 refs.append(entry_ref(tree.entry))
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
             for ext in recipe.extensions:
@@ -115,6 +117,8 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     counts.update({f"objects_{k}": v for k, v in totals.items()})
     explained = [f"{m.module}: {d.compile.rel}: {d.decision}" + (f" ({d.reason})" if d.reason else "")
                  + (f" [waived {', '.join(d.waived)}]" if d.waived else "")
+                 + (f" [bound to this root by {d.compile.path_bound}: it keeps the root's path in the object, so "
+                    "its key holds the root and only this root shares it]" if d.compile.path_bound else "")
                  for m in modules for d in m.choices]
     if explain:
         for line in explained:

@@ -35,7 +35,7 @@ from hermetic.remote.backend import Backend
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
 from hermetic.store.records import ObjectRecord
 
-AC_SALT = "hermetic-remote-v1"
+AC_SALT = "hermetic-remote-v2"  # v2: path-independent object keys (keys.SALT v2)
 MAX_CANDIDATES = 16          # object records kept per lookup key (newest first)
 MAX_META_BYTES = 64 << 20
 CERTIFICATE = "certificate.json.zst"
@@ -244,12 +244,14 @@ def _invalid_record(data: bytes, name: str, lookup: str, object_file: OutputFile
         return "its name is not the key of its inputs"
     # the recorded command is run again by `verify --rebuild-sample`: it must be the one the key describes
     command, env, toolchain = meta.get("command"), meta.get("env"), meta.get("toolchain")
+    host, root = meta.get("host"), meta.get("root")
     if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)
-            and isinstance(env, dict) and isinstance(toolchain, dict) and isinstance(meta.get("output"), str)):
+            and isinstance(env, dict) and isinstance(toolchain, dict) and isinstance(meta.get("output"), str)
+            and isinstance(host, dict) and (root is None or isinstance(root, str))):
         return "malformed command"
     rest, command_defines = split_defines(command)
     if rest != meta.get("argv") or command_defines != defines or \
-            all(lookup_key(kind, command, env, toolchain) != lookup for kind in ("cxx", "nvcc")):
+            all(lookup_key(kind, command, env, toolchain, host, root) != lookup for kind in ("cxx", "nvcc")):
         return "its command is not the one its lookup key describes"
     if meta.get("object") != object_file.digest or meta.get("size") != object_file.size:
         return "it names another object than the list"

@@ -307,3 +307,5 @@ def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> None:
     with store.build_entry(name) as staging:
         if staging is not None:
             staging.record = cast(EntryRecord, meta)
+    if meta.get("kind") == "object" and isinstance(meta.get("lookup"), str):
+        store.index_add(meta["lookup"], name)  # where a build's lookup finds it, as one compiled here

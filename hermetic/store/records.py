@@ -89,7 +89,8 @@ class TreeRecord(TypedDict):
 
 
 class ObjectRecord(TypedDict):
-    """One compile: its keys, every input it read with its hash, the command, and the object's blob."""
+    """One compile: its keys, every input it read with its hash, the command, and the object's blob. Paths
+    (inputs, command, output, environment) are canonical: the fixed names of ``keys.PrefixMap``."""
     format: int
     name: str
     kind: Literal["object"]
@@ -105,6 +106,8 @@ class ObjectRecord(TypedDict):
     output: str
     env: dict[str, str]
     toolchain: ToolchainId
+    host: HostIdentity     # the interpreter and torch the compile was for (torch's identity is in the key)
+    root: str | None       # the root's path when the compile's flags keep it in the object (nvcc -G), else None
     built_by: Producer
     refs: list[str]
     packed: NotRequired[Packed]

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic.build.certificate import read_certificate
+from hermetic.build.plan import map_flags
+from hermetic.keys import PrefixMap
+from hermetic.root import Root
 from hermetic.store import Store
 from tests.support import cli
 from tests.support.cli import REPO
@@ -78,3 +81,18 @@ class Project:
                 cert = dict(read_certificate(Store(self.root / "store"), modules[-1]["certificate_blob"]))
                 decisions = {o["source"]: o["decision"] for o in cert["objects"]}  # type: ignore[attr-defined]
         return Realized(p.rc, p.out, p.err, result, decisions, cert)
+
+
+def local_command(root: Path, entry: str) -> list[str]:
+    """An object record's command as this root's last build of it ran it: rebased from the record's fixed
+    names onto the build's folders (its certificate's prefix map), with the map's compiler flags."""
+    store = Store(root / "store")
+    for blob in Root(root).cache("builds").values():
+        cert = read_certificate(store, blob)
+        if any(o.get("entry") == entry for o in cert["objects"]):
+            pmap = PrefixMap((lo, f) for lo, f in cert["prefix_map"])
+            canonical = store.object_record(entry)["command"]
+            command = pmap.local(canonical)
+            flags = map_flags(pmap, command[0].endswith("nvcc"), canonical[canonical.index("-c") + 1])
+            return [command[0], *flags, *command[1:]]
+    raise AssertionError(f"no build of {root} uses {entry}")
