@@ -38,6 +38,8 @@ CACHES = {c.name: c for c in (
     Cache("interpreters", 3, "host interpreter facts (qualification), while the interpreter and torch are unchanged"),
     Cache("tools", 1, "tools' answers (nvcc --version, g++ -dumpfullversion) and their binaries' hashes"),
     Cache("hashes", 1, "content hashes of compile inputs, while each input is unchanged"),
+    Cache("includes", 1, "each source's and header's include directives and identifier mentions (the waiver's "
+                         "prediction), while the file is unchanged"),
     Cache("imports", 1, "the import check of each environment tree that passed it"),
     Cache("builds", 1, "the certificate of each module's last build, for --explain"),
 )}

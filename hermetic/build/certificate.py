@@ -16,9 +16,9 @@ from hermetic.build.plan import BuildPlan
 from hermetic.keys import PrefixMap
 from hermetic.recipe import Recipe, Variant
 from hermetic.store import Store
-from hermetic.store.records import HostIdentity, InputHash, Producer, ToolchainId
+from hermetic.store.records import CompileCost, HostIdentity, InputHash, Producer, ToolchainId
 
-CERTIFICATE_FORMAT = 2  # 2: canonical inputs, the build's prefix map, path_bound per object
+CERTIFICATE_FORMAT = 3  # 2: canonical inputs, the build's prefix map, path_bound; 3: waited_for, cost
 
 
 class ModuleBuild(TypedDict):
@@ -41,6 +41,8 @@ class CertifiedObject(TypedDict):
     first_built_by: Producer | None
     inputs: list[InputHash]
     path_bound: str | None              # the flag that keeps this root's path in the object (nvcc -G), if any
+    waited_for: str | None              # the other variant's compile whose object it waited for (build/graph.py)
+    cost: CompileCost | None            # what its compile took (its record's), if it compiled
 
 
 class Certificate(TypedDict):
@@ -67,7 +69,8 @@ def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[s
                         "entry": d.entry, "key": rec["key"] if rec else None,
                         "digest": rec["object"] if rec else None, "blob": stored_blob(rec) if rec else None,
                         "waived": d.waived, "reason": d.reason, "first_built_by": rec["built_by"] if rec else None,
-                        "inputs": rec["inputs"] if rec else [], "path_bound": d.compile.path_bound})
+                        "inputs": rec["inputs"] if rec else [], "path_bound": d.compile.path_bound,
+                        "waited_for": d.waited_for, "cost": rec.get("cost") if rec else None})
     return {"format": CERTIFICATE_FORMAT, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
             "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
             "link": list(plan.link_argv), "module_build": module, "prefix_map": pmap.record(), "objects": objects}

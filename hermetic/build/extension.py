@@ -1,14 +1,13 @@
-"""Build one extension module: plan torch's commands, reuse what the object store certifies, compile the
-rest with ninja under the recipe's limits, link, and write the build's certificate.
+"""One extension module of one variant: plan torch's commands and reuse what the object store certifies
+(``plan_module``); the build graph (build/graph.py) compiles the rest of every module together; then link
+and write the build's certificate (``finish_module``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
-import shutil
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ import zstandard
 from hermetic import fs
 from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
 from hermetic.build.host import host_identity
-from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache, ObjectChoice, producer_record
+from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
 from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
 from hermetic.errors import WorkFailed
@@ -28,7 +27,7 @@ from hermetic.recipe import Extension, Recipe, Variant
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name, entry_ref
-from hermetic.store.records import ObjectRecord, ToolchainId
+from hermetic.store.records import CompileCost, ObjectRecord, Producer, ToolchainId
 
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
@@ -66,10 +65,43 @@ def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
     return env
 
 
-def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
-                    facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: ToolchainId,
-                    src_root: Path, tree_files: list[str], reporter: Reporter,
-                    share: ObjectShare | None = None) -> BuiltModule:
+@dataclass
+class ModuleJob:
+    """One extension of one variant from its plan to its link: the commands, the object cache that proves each
+    reuse, and what became of every object so far (``choices``, in the plan's order)."""
+    ext: Extension
+    variant: Variant
+    plan: BuildPlan
+    build_dir: Path
+    pmap: PrefixMap
+    env: dict[str, str]
+    cache: ObjectCache
+    choices: list[ObjectChoice]
+    previous: dict[str, ObjectRecord]     # source -> the object record of this module's last build
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant.name}/{self.plan.module}"
+
+    def todo(self) -> list[int]:
+        return [i for i, d in enumerate(self.choices) if d.decision is Decision.COMPILED]
+
+    def record(self, i: int, producer: Producer, cost: CompileCost | None) -> ObjectChoice:
+        """After object ``i`` compiled: store it with its inputs and what it took."""
+        recorded = self.cache.record(self.choices[i].compile, producer, cost)
+        recorded.reason = self.choices[i].reason
+        self.choices[i] = recorded
+        return recorded
+
+
+def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
+                facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: ToolchainId,
+                src_root: Path, tree_files: list[str], reporter: Reporter, hasher: InputHasher,
+                share: ObjectShare | None = None) -> ModuleJob:
+    """Plan one module's commands and decide each object the store (or the remote) has: placed where the link
+    expects it. What is left to compile is the job's ``todo``: the build graph runs it."""
+    started = time.monotonic()
     build_dir = root.path / "build" / recipe.name / variant.name / ext.name
     build_dir.mkdir(parents=True, exist_ok=True)
     archs = recipe.toolchain.archs if recipe.toolchain else ()
@@ -77,7 +109,7 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
     pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, facts)
     plan = plan_extension(ext, variant, facts, cuda_home, archs, src_root, tree_files, build_dir, pmap)
     env = build_env(root, tc)
-    cache = ObjectCache(root, store, toolchain_id, env, host_identity(facts), pmap)
+    cache = ObjectCache(root, store, toolchain_id, env, host_identity(facts), pmap, hasher)
     choices = [cache.find(c) for c in plan.compiles]
     if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
         fetched = share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
@@ -85,43 +117,33 @@ def build_extension(root: Root, store: Store, recipe: Recipe, ext: Extension, va
             if d.compile.rel in fetched and (found := cache.find(d.compile)).decision is not Decision.COMPILED:
                 found.decision = Decision.FETCHED_REMOTE
                 choices[i] = found
-    last_build = f"{recipe.name}.{variant.name}.{ext.name}"
-    previous = _previous_objects(store, root.cache("builds").get(last_build))
+    job = ModuleJob(ext, variant, plan, build_dir, pmap, env, cache, choices,
+                    _previous_objects(store, root.cache("builds").get(f"{recipe.name}.{variant.name}.{ext.name}")))
     for d in choices:  # say which key component changed, where find() only knows that none matched
         if d.decision is Decision.COMPILED and d.reason in (NO_MATCH, INPUT_CHANGED):
-            d.reason = cache.explain(d.compile, previous.get(d.compile.rel))
+            d.reason = cache.explain(d.compile, job.previous.get(d.compile.rel))
     for d in choices:
         if d.decision is not Decision.COMPILED:
             cache.place(d)
-    todo = [d for d in choices if d.decision is Decision.COMPILED]
-    reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - len(todo)} "
-                            f"reused, {len(todo)} to compile", module=plan.module, objects=len(plan.compiles),
-                   reused=len(plan.compiles) - len(todo), to_compile=len(todo))
-    if todo:
-        producer = producer_record(recipe.name, variant.name, plan.module)
-        index = {d.compile.rel: i for i, d in enumerate(choices)}
+    todo = len(job.todo())
+    reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - todo} "
+                            f"reused, {todo} to compile", module=plan.module, variant=variant.name,
+                   objects=len(plan.compiles), reused=len(plan.compiles) - todo, to_compile=todo)
+    job.timings["plan"] = round(time.monotonic() - started, 4)
+    return job
 
-        def finished(rel: str) -> None:
-            # recorded as each compile finishes, so an interrupted build keeps what it compiled
-            i = index[rel]
-            recorded = cache.record(choices[i].compile, producer)
-            recorded.reason = choices[i].reason
-            choices[i] = recorded
 
-        # the longest compiles first (most inputs last time, else cold_weight): a shorter critical path
-        order = sorted(todo, key=lambda d: (-(d.weight or 0), -cold_weight(d.compile)))
-        try:
-            reporter.event("phase", phase="compiling")
-            _compile(build_dir, [d.compile for d in order], env, recipe, reporter, plan.module, finished)
-        finally:
-            cache.hasher.save()
-    cache.hasher.save()
+def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, facts: dict[str, Any],
+                  toolchain_id: ToolchainId, reporter: Reporter, share: ObjectShare | None = None) -> BuiltModule:
+    """Every object decided: share what the remote lacks, link (or reuse the module), write the certificate."""
+    started = time.monotonic()
     if share is not None:  # compiled here or reused from this store: share what the remote lacks
-        share.upload_objects([d.record for d in choices
+        share.upload_objects([d.record for d in job.choices
                               if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
-    built = _link_and_certify(root, store, recipe, variant, plan, facts, choices, env, toolchain_id, pmap,
-                              reporter, share)
-    root.cache("builds").put(last_build, built.certificate_blob)
+    built = _link_and_certify(root, store, recipe, job.variant, job.plan, facts, job.choices, job.env,
+                              toolchain_id, job.pmap, reporter, share)
+    root.cache("builds").put(f"{recipe.name}.{job.variant.name}.{job.ext.name}", built.certificate_blob)
+    job.timings["link"] = round(time.monotonic() - started, 4)
     return built
 
 
@@ -162,47 +184,6 @@ def _previous_objects(store: Store, certificate_blob: object) -> dict[str, Objec
         return out
     except (OSError, ValueError, KeyError, TypeError, WorkFailed, zstandard.ZstdError):
         return {}
-
-
-def _compile(build_dir: Path, compiles: list[Compile], env: dict[str, str], recipe: Recipe,
-             reporter: Reporter, module: str, finished: Callable[[str], None]) -> None:
-    for c in compiles:  # a stale object must not look up to date to ninja: hermetic decided to compile
-        for p in (c.object, c.depfile):
-            if os.path.lexists(p):
-                os.unlink(p)
-        Path(c.object).parent.mkdir(parents=True, exist_ok=True)
-    lines = ["ninja_required_version = 1.3", "", "rule compile",
-             "  command = $cmd", "  depfile = $out.d", "  description = $desc", ""]
-    for c in compiles:
-        lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
-                  f"  cmd = {_ninja_escape(shlex.join(c.command()))}",
-                  f"  desc = compiled {c.rel}"]
-    ninja_file = build_dir / "build.ninja"
-    text = "\n".join(lines) + "\n"
-    if not (ninja_file.exists() and ninja_file.read_text() == text):
-        fs.atomic_write(ninja_file, text.encode(), durable=False)
-    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
-    task = reporter.task(f"compiling {module}", len(compiles), "objects")
-    # without a terminal, ninja prints an edge's description when it finishes successfully
-    status = re.compile(r"^\[(\d+)/(\d+)\] compiled (.+)$")
-
-    def on_line(line: str) -> None:
-        m = status.match(line)
-        if m:
-            task.advance(1)
-            finished(m.group(3))
-
-    env = {**env, "NINJA_STATUS": "[%f/%t] "}
-    try:
-        rc, tail = run_limited([_ninja(), "-j", str(recipe.limits.jobs), "-f", str(ninja_file)],
-                               cwd=str(build_dir), env=env, limits=limits, on_line=on_line)
-    finally:
-        task.close()
-    if rc != 0:
-        failed = [ln for ln in tail if ln.startswith("FAILED:")]
-        detail = "\n".join(ln for ln in tail if not ln.startswith("[") or "FAILED" in ln)[-4000:]
-        raise WorkFailed(f"compiling {module} failed ({len(failed)} objects):\n{detail}",
-                         where=str(ninja_file), hint="fix the compile error above; objects that built are kept")
 
 
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
@@ -272,25 +253,3 @@ def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) ->
         raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
                          hint="see the linker's message above")
     return store.put_blob_bytes(Path(plan.output).read_bytes())
-
-
-def _ninja() -> str:
-    try:
-        import ninja
-        path = os.path.join(ninja.BIN_DIR, "ninja")
-        if os.path.exists(path):
-            return path
-    except ImportError:
-        pass
-    found = shutil.which("ninja")
-    if found is None:
-        raise WorkFailed("ninja is not installed", hint="pip install ninja")
-    return found
-
-
-def _ninja_escape(text: str) -> str:
-    return text.replace("$", "$$").replace("\n", "$\n")
-
-
-def _ninja_path(path: str) -> str:
-    return path.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")

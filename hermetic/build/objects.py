@@ -37,7 +37,15 @@ from hermetic.keys import (
 )
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
-from hermetic.store.records import HostIdentity, InputHash, ObjectRecord, Packed, Producer, ToolchainId
+from hermetic.store.records import (
+    CompileCost,
+    HostIdentity,
+    InputHash,
+    ObjectRecord,
+    Packed,
+    Producer,
+    ToolchainId,
+)
 
 RAW, STRIPPED = "raw", "stripped"
 # An object is stored zstd-compressed (``record["packed"]``) when that saves at least a quarter of its bytes:
@@ -135,6 +143,7 @@ class ObjectChoice:
     reason: str = ""                 # why it was compiled (for --explain)
     record: ObjectRecord | None = None
     weight: int = 0                  # inputs the last compile of this source read: a proxy for its cost
+    waited_for: str | None = None    # the compile of another variant whose object this one waited for
 
 
 @dataclass(frozen=True)
@@ -178,10 +187,10 @@ class ObjectCache:
     records onto this build's folders (and makes this build's own canonical)."""
 
     def __init__(self, root: Root, store: Store, toolchain: ToolchainId, env: dict[str, str], host: HostIdentity,
-                 pmap: PrefixMap) -> None:
+                 pmap: PrefixMap, hasher: InputHasher | None = None) -> None:
         self.root, self.store, self.toolchain, self.env = root, store, toolchain, env
         self.host, self.pmap = host, pmap
-        self.hasher = InputHasher(root)
+        self.hasher = hasher or InputHasher(root)   # one per realize: every module's caches share its table
         self._scan: dict[tuple[str, str], bool] = {}
 
     def _env(self, c: Compile) -> dict[str, str]:
@@ -252,14 +261,20 @@ class ObjectCache:
             return f"defines changed: {', '.join(diff)}"
         return "the stored object is gone or corrupt"
 
-    def _waiver_blocker(self, c: Compile, rec: ObjectRecord, names: list[str]) -> str | None:
-        """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
+    def command_blocker(self, c: Compile, names: list[str]) -> str | None:
+        """Why differing identifiers cannot be waived for what the command itself says, or None."""
         rest, _d = split_defines(self.pmap.canonical(c.argv))
-        pattern = identifier_re(names)
         others = " ".join(rest) + " " + " ".join(self.env.get(k, "") for k in ("NVCC_PREPEND_FLAGS",
                                                                                  "NVCC_APPEND_FLAGS"))
-        if pattern.search(others.encode()):
+        if identifier_re(names).search(others.encode()):
             return "one of them appears in the rest of the command"
+        return None
+
+    def _waiver_blocker(self, c: Compile, rec: ObjectRecord, names: list[str]) -> str | None:
+        """Why the differing identifiers cannot be waived, or None when they appear nowhere."""
+        if (blocker := self.command_blocker(c, names)) is not None:
+            return blocker
+        pattern = identifier_re(names)
         key = ",".join(names)
         for path, _mode, h in rec["inputs"]:
             hit = self._scan.get((h + path, key))
@@ -285,8 +300,9 @@ class ObjectCache:
             return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… was corrupt; removed it")
         return ObjectChoice(c, chosen.decision, rec["name"], chosen.waived, record=rec)
 
-    def record(self, c: Compile, producer: Producer) -> ObjectChoice:
-        """After a compile: store the object with its full input list (unless time macros make it unfit)."""
+    def record(self, c: Compile, producer: Producer, cost: CompileCost | None = None) -> ObjectChoice:
+        """After a compile: store the object with its full input list (unless time macros make it unfit) and
+        what its compile took."""
         deps = parse_depfile(Path(c.depfile).read_text())
         cwd = os.path.dirname(c.object)
         paths = [d if os.path.isabs(d) else os.path.normpath(os.path.join(cwd, d)) for d in deps]
@@ -322,6 +338,8 @@ class ObjectCache:
                     "refs": [blob_ref(packed["blob"] if packed else digest)]}
                 if packed is not None:
                     staging.record["packed"] = packed
+                if cost is not None:
+                    staging.record["cost"] = cost
         self.store.index_add(lk, name)
         return ObjectChoice(c, Decision.COMPILED, name, record=self.store.object_record(name))
 

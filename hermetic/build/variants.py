@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
-from hermetic.build.extension import BuiltModule, build_env, build_extension
+from hermetic.build.extension import BuiltModule, ModuleJob, build_env, finish_module, plan_module
+from hermetic.build.graph import Graph
+from hermetic.build.objects import InputHasher, ObjectChoice
 from hermetic.build.sources import SourceTree, link_variant_source, realize_source
 from hermetic.build.toolchain import (
     ToolchainInfo,
@@ -91,11 +93,14 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
 def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
                    tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
                    counts: dict[str, int], explain: bool, share: ObjectShare | None = None) -> RecipeBuild:
-    """Every extension of every variant: certified reuse, compiles, links and certificates."""
+    """Every extension of every variant: certified reuse, one build graph for all their compiles
+    (build/graph.py), links and certificates."""
     assert recipe.toolchain is not None
     refs = [entry_ref(tc.id["cuda"])]
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
+    jobs: list[ModuleJob] = []
+    hasher = InputHasher(root)
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
             trees = {}
@@ -106,23 +111,30 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
             for ext in recipe.extensions:
                 src_root, tree = trees[ext.source]
-                built = build_extension(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
-                                        sorted(tree.files), reporter, share)
-                modules.append(built)
-                refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
-    totals: dict[str, int] = {}
+                jobs.append(plan_module(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
+                                        sorted(tree.files), reporter, hasher, share))
+        hasher.save()
+        schedule = Graph(root, recipe, jobs, reporter).run()
+        for job in jobs:
+            built = finish_module(root, store, recipe, job, facts, tc.id, reporter, share)
+            modules.append(built)
+            refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
+    per_variant: dict[str, Any] = schedule.setdefault("variants", {})
+    for job in jobs:  # the receipt's per-variant phases: plan (reuse decided), compile (from the graph), link
+        v = per_variant.setdefault(job.variant.name, {"compiled": 0, "first_start_s": None, "last_end_s": None})
+        v["plan_s"] = round(v.get("plan_s", 0.0) + job.timings.get("plan", 0.0), 4)
+        v["link_s"] = round(v.get("link_s", 0.0) + job.timings.get("link", 0.0), 4)
+    # the decisions the no-op's counts name too (realize.noop.noop_counts), zero or not: both paths count alike
+    totals: dict[str, int] = {"compiled": 0, "reused": 0, "reused-variant": 0}
     for m in modules:
         for k, v in m.counts().items():
             totals[k] = totals.get(k, 0) + v
     counts.update({f"objects_{k}": v for k, v in totals.items()})
-    explained = [f"{m.module}: {d.compile.rel}: {d.decision}" + (f" ({d.reason})" if d.reason else "")
-                 + (f" [waived {', '.join(d.waived)}]" if d.waived else "")
-                 + (f" [bound to this root by {d.compile.path_bound}: it keeps the root's path in the object, so "
-                    "its key holds the root and only this root shares it]" if d.compile.path_bound else "")
-                 for m in modules for d in m.choices]
+    explained = [explain_line(m.module, d) for m in modules for d in m.choices]
     if explain:
         for line in explained:
             reporter.event("explain", line)
+    _say_schedule(reporter, schedule)
     info = tc.info
     report = {
         "host": facts,
@@ -130,9 +142,32 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                       "cuda_home": str(info.cuda_home), "archs": list(recipe.toolchain.archs),
                       "host_compilers": tc.compilers},
         "sources": sources_report,
-        "modules": [{"module": m.module, "file": m.filename, "sha256": m.digest, "entry": m.entry,
-                     "certificate_sha256": m.certificate, "certificate_blob": m.certificate_blob,
-                     "counts": m.counts(), "linked": m.linked} for m in modules],
+        "modules": [{"module": m.module, "variant": j.variant.name, "file": m.filename, "sha256": m.digest,
+                     "entry": m.entry, "certificate_sha256": m.certificate, "certificate_blob": m.certificate_blob,
+                     "counts": m.counts(), "linked": m.linked, "timings": j.timings}
+                    for m, j in zip(modules, jobs, strict=True)],
+        "schedule": schedule,
     }
     changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
     return RecipeBuild(modules, refs, report, build_env(root, info), changed, explained)
+
+
+def explain_line(module: str, d: ObjectChoice) -> str:
+    """What --explain says of one object: the decision, why, what was waived, what it waited for."""
+    return (f"{module}: {d.compile.rel}: {d.decision}" + (f" ({d.reason})" if d.reason else "")
+            + (f" [waived {', '.join(d.waived)}]" if d.waived else "")
+            + (f" [waited for {d.waited_for}]" if d.waited_for else "")
+            + (f" [bound to this root by {d.compile.path_bound}: it keeps the root's path in the object, so "
+               "its key holds the root and only this root shares it]" if d.compile.path_bound else ""))
+
+
+def _say_schedule(reporter: Reporter, s: dict[str, Any]) -> None:
+    if not s.get("compiles"):
+        return
+    crit = s["critical_path"]
+    busy = f", jobs {s['busy']:.0%} busy" if s.get("busy") is not None else ""
+    reporter.event("build", f"compiled {s['compiles']} objects in {s['compile_span_s']:.1f} s on {s['jobs']} "
+                            f"jobs{busy}; longest: {crit['unit']} {crit['seconds']:.1f} s"
+                   + (f"; {s['waited']} waited for another variant's object" if s.get("waited") else "")
+                   + (f", {s['mispredicted']} of them compiled after all" if s.get("mispredicted") else ""),
+                   schedule=s)

@@ -174,6 +174,7 @@ class Realization:
                                                    [m.module for m in self.built.modules], self.tree,
                                                    self.built.env)
         self.lap("check")
+        self.report["schedule"]["import_check_s"] = self.timings["check"]
 
     def receipt(self) -> Outcome:
         self.counts["files"] = len(self.files)
@@ -196,7 +197,8 @@ class Realization:
                                             [*self.unpacked, *self.toolchain_unpacked], self.report)
         else:
             outcome.receipt = latest
-        record_inputs(self.root, self.recipe.path, self.variant, _input_paths(self.recipe, self.report), outcome)
+        record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), _host_paths(self.report),
+                      outcome)
         self.lap("receipt")
         self.timings["total"] = round(time.monotonic() - self.started, 4)
         return outcome
@@ -215,9 +217,9 @@ def _chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
     return found
 
 
-def _input_paths(recipe: Recipe, report: dict[str, Any]) -> list[Path]:
-    """What a no-op trusts by fingerprint: recipe files, locks, sources, patches, interpreter, torch, compilers."""
-    paths = recipe.inputs()
+def _host_paths(report: dict[str, Any]) -> list[Path]:
+    """The host's files a no-op trusts by fingerprint: the recipe's interpreter, torch, the compilers."""
+    paths = []
     host = report.get("host")
     if host:
         paths.append(Path(host["executable"]))

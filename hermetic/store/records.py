@@ -32,6 +32,14 @@ class Producer(TypedDict):
     time: str
 
 
+class CompileCost(TypedDict):
+    """What one compile took (``build/costwrap.py``): the next build starts the longest first and keeps the
+    largest within the memory it has."""
+    seconds: float         # wall time
+    cpu_seconds: float     # user + system, the compiler and every process it waited for
+    max_rss: int           # bytes: the largest resident set of any one of them
+
+
 class HostCompiler(TypedDict):
     path: str
     version: str
@@ -111,6 +119,7 @@ class ObjectRecord(TypedDict):
     built_by: Producer
     refs: list[str]
     packed: NotRequired[Packed]
+    cost: NotRequired[CompileCost]     # what its compile took (not part of any key)
 
 
 class ModuleRecord(TypedDict):

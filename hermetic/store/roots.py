@@ -65,12 +65,20 @@ def drop_root(root: Root, name: str) -> None:
 
 
 def write_root(root: Root, name: str, recipe_path: Path, entries: list[str]) -> bool:
-    """The gc root of a recipe (or one variant of it): rewritten only when its entries change."""
+    """The gc root of a recipe (or one variant of it), rewritten when its entries or its recipe's path change;
+    True when the entries changed (a recipe at a new path with the same entries is no change)."""
     record = {"format": 1, "name": name, "recipe": str(recipe_path),
               "profile": name, "refs": [f"entry:{e}" for e in entries]}
     path = root.roots / f"{name}.json"
     data = fs.pretty_json(record)
-    if path.exists() and path.read_bytes() == data:
+    try:
+        old = path.read_bytes()
+    except OSError:
+        old = None
+    if old == data:
         return False
     fs.atomic_write(path, data)
-    return True
+    try:
+        return json.loads(old or b"null")["refs"] != record["refs"]
+    except (ValueError, TypeError, KeyError):
+        return True

@@ -53,13 +53,21 @@ class Realized:
 
 class Project:
     def __init__(self, folder: Path, name: str, root: Path, *, limits: str = "", cuda_cflags: str = "",
-                 sources: Path = DATA / "reuse_src") -> None:
+                 sources: Path = DATA / "reuse_src", recipe: str | None = None) -> None:
         self.folder, self.name, self.root = folder, name, root
         folder.mkdir(parents=True)
         shutil.copytree(sources, folder / "src")
         shutil.copy(REPO / "manifests" / "cuda-13.0-toolchain.txt", folder)
         self.recipe = folder / "recipe.toml"
-        self.recipe.write_text(fixture_recipe(name, limits=limits, cuda_cflags=cuda_cflags))
+        self.recipe.write_text(recipe if recipe is not None
+                               else fixture_recipe(name, limits=limits, cuda_cflags=cuda_cflags))
+
+    @classmethod
+    def at(cls, folder: Path, name: str, root: Path) -> Project:
+        """A project already in ``folder`` (a copy of another), realized in ``root``."""
+        proj = cls.__new__(cls)
+        proj.folder, proj.name, proj.root, proj.recipe = folder, name, root, folder / "recipe.toml"
+        return proj
 
     def edit(self, rel: str, old: str, new: str) -> None:
         p = self.folder / "src" / rel
@@ -81,6 +89,30 @@ class Project:
                 cert = dict(read_certificate(Store(self.root / "store"), modules[-1]["certificate_blob"]))
                 decisions = {o["source"]: o["decision"] for o in cert["objects"]}  # type: ignore[attr-defined]
         return Realized(p.rc, p.out, p.err, result, decisions, cert)
+
+
+JOINT_VARIANTS = """\
+[variants.plain]
+defines = { JOINT_FLAVOR = "1" }
+
+[variants.spiced]
+module = "joint_spiced_ext"
+defines = { JOINT_FLAVOR = "2" }
+"""
+
+
+def joint_recipe(name: str, *, heavy_parts: int = 2, computed: bool = True, jobs: int = 2,
+                 variants: str = JOINT_VARIANTS) -> str:
+    """tests/data/joint_src's recipe: a heavy unit each variant compiles (it reads JOINT_FLAVOR; about 1.5 s per
+    part on the 2-core machine), light units
+    a later variant may reuse, and (``computed``) a unit whose computed include defeats the waiver's
+    prediction. Both variants are built by default."""
+    units = '"heavy.cpp", "light_a.cpp", "light_b.cpp", "bindings.cpp"' + (', "computed.cpp"' if computed else "")
+    defines = f'HEAVY_PARTS = "{heavy_parts}"' + (', WITH_COMPUTED = "1"' if computed else "")
+    return recipe_toml(name, toolchain=True, archs=["9.0"], sources={"src": "src"}, jobs=jobs,
+                       extensions=[f'name = "joint_ext"\nsource = "src"\nsources = [{units}]\n'
+                                   f'include_dirs = ["."]\ndefines = {{ {defines} }}'],
+                       variants=variants)
 
 
 def local_command(root: Path, entry: str) -> list[str]:

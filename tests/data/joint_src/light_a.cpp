@@ -1,0 +1,2 @@
+#include "common.h"
+long light_a() { return common_base() + 1; }

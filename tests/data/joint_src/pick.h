@@ -1,0 +1,2 @@
+#pragma once
+#define PICKED_HEADER "flavor.h"
