@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hermetic import fs
 from hermetic.root import Root
 from hermetic.store import Store
 
@@ -33,7 +34,7 @@ class Outcome:
 
 
 def _key(recipe_path: Path, variant: str | None) -> str:
-    return f"{recipe_path.resolve()}\0{variant or ''}"
+    return f"{fs.resolve(recipe_path)}\0{variant or ''}"
 
 
 def record_inputs(root: Root, recipe_path: Path, variant: str | None, paths: list[Path], outcome: Outcome) -> None:
@@ -42,7 +43,7 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, paths: lis
     value = {"name": outcome.name, "tree": outcome.tree, "entries": outcome.entries, "counts": outcome.counts,
              "profile": os.readlink(outcome.profile), "receipt": str(outcome.receipt) if outcome.receipt else None,
              "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda}
-    inputs = [recipe_path.resolve(), *paths, Path(sys.executable).resolve()]
+    inputs = [fs.resolve(recipe_path), *paths, Path(sys.executable).resolve()]
     root.cache("realize").put(_key(recipe_path, variant), value, inputs)
 
 
@@ -67,7 +68,7 @@ def noop_check(root: Root, recipe_path: Path, variant: str | None = None) -> Out
         if "objects_objects" in state["counts"]:
             n = int(state["counts"]["objects_objects"])
             counts.update({"objects_objects": n, "objects_reused": n, "objects_compiled": 0})
-        return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], list(state["entries"]),
+        return Outcome(state["name"], fs.resolve(recipe_path), profile, state["tree"], list(state["entries"]),
                        counts, {}, receipt, changed=False, python=state["python"], archs=list(state["archs"]),
                        cuda=state["cuda"])
     except (KeyError, TypeError, ValueError, AttributeError):
