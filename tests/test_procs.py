@@ -13,7 +13,7 @@ import pytest
 
 from hermetic.build import toolchain
 from hermetic.build.sources import apply_patch
-from hermetic.errors import PreconditionFailed, WorkFailed
+from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.procs import Limits, TimedOut, run_limited
 from hermetic.root import Root
 from tests.support.reliability import survivors
@@ -114,3 +114,13 @@ def test_run_limited_stops_the_whole_session_at_the_limit(tmp_path: Path) -> Non
     rc, tail = run_limited(["sh", "-c", "echo quick"], cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
                            limits=Limits(), on_line=lambda _line: None, timeout=30)
     assert (rc, tail) == (0, ["quick"])
+
+
+def test_a_patch_that_does_not_apply_says_so_in_patchs_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _tree(tmp_path)
+    (tree / "a.txt").write_text("other\n")
+    (tmp_path / "p.diff").write_text(DIFF)
+    monkeypatch.chdir(tmp_path)  # relative paths: patch runs inside the tree
+    with pytest.raises(BadInput) as caught:
+        apply_patch(Path("p.diff"), Path("tree"), {"PATH": "/usr/bin:/bin"})
+    assert "Hunk #1 FAILED" in caught.value.what and (tree / "a.txt").read_text() == "other\n"

@@ -269,7 +269,7 @@ def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float 
                                  hint="apt-get install patch")
     for dry in (True, False):
         args = [exe, "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--reject-file=-",
-                "-d", str(tree), "-i", str(patch)] + (["--dry-run"] if dry else [])
+                "-d", os.path.abspath(tree), "-i", os.path.abspath(patch)] + (["--dry-run"] if dry else [])
         try:
             rc, tail = run_limited(args, cwd=str(tree), env=env, limits=Limits(), on_line=lambda _line: None,
                                    timeout=timeout)
