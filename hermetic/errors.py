@@ -63,15 +63,18 @@ _PATH_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EP
                 errno.EEXIST, errno.ENAMETOOLONG)
 
 
-def path_error(e: OSError, *, doing: str = "", hint: str | None = None) -> HermeticError | None:
+def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
+               place: str | None = None) -> HermeticError | None:
     """The clear error an OSError about a path is: what the path's trouble is, the path as ``where``, what to
     do (``hint`` adds what the caller knows, e.g. which setting named the path); None for an OSError no user
-    causes. A full disk is the work failing (exit 1); everything else here is bad input (exit 2)."""
-    if e.filename is None or e.errno not in (*_NO_SPACE, *_PATH_ERRNOS):
+    causes. A full disk is the work failing (exit 1); everything else here is bad input (exit 2). ``place``
+    names where a full disk happened when the error names no file (a failed write() names none)."""
+    filename = e.filename if e.filename is not None or e.errno not in _NO_SPACE else place
+    if filename is None or e.errno not in (*_NO_SPACE, *_PATH_ERRNOS):
         return None
-    path = os.fsdecode(e.filename)
+    path = os.fsdecode(filename)
     other = f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
-    what, advice = _explain(e.errno, path)
+    what, advice = _explain(e.errno, path, below=e.filename is None)
     what = f"{doing}: {what}{other}" if doing else what + other
     full = f"{advice}; {hint}" if hint else advice
     if e.errno in _NO_SPACE:
@@ -79,10 +82,10 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None) -> Herme
     return BadInput(what, where=path, hint=full)
 
 
-def _explain(code: int, path: str) -> tuple[str, str]:
+def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
     if code in _NO_SPACE:
         quota = " (the disk quota is full)" if code == errno.EDQUOT else ""
-        return (f"no space left on the device while writing {path}{quota}",
+        return (f"no space left on the device while writing {'below ' if below else ''}{path}{quota}",
                 "free space there (`hermetic gc` deletes what no root needs) or choose another --root; what was "
                 "half written is garbage `hermetic gc` removes")
     if code == errno.ENOENT:

@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 1
     except OSError as e:
-        err = path_error(e, hint=_where_hint(e, root))
+        err = path_error(e, hint=_where_hint(e, root), place=str(root.path) if root is not None else None)
         if err is None:
             return _internal(command, reporter, e)
         print(err.render(), file=sys.stderr)
