@@ -34,7 +34,11 @@ if lim.get("nice"):
     os.nice(lim["nice"])
 if lim.get("address_space"):
     resource.setrlimit(resource.RLIMIT_AS, (lim["address_space"], lim["address_space"]))
-os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:  # said like a shell says it, not as a traceback of this shim
+    print(f"hermetic: cannot run {sys.argv[2]}: {e.strerror}", file=sys.stderr)
+    sys.exit(127)
 """
 
 # ninja starts each command in a process group of its own, so the build is found by its session (the
@@ -71,6 +75,16 @@ if sys.stdin.buffer.read() != b"done":
 """
 _scope: dict[str, object] = {}
 exec(_SESSION_KILL, _scope)  # one definition, used here and inside the reaper
+
+
+CANNOT_RUN = "hermetic: cannot run "  # what the shim says when the program cannot be started (exit 127)
+
+
+def exec_failure(rc: int, tail: list[str]) -> str | None:
+    """Why the program itself never started ("cannot run X: No such file or directory"), else None."""
+    if rc == 127 and tail and tail[-1].startswith(CANNOT_RUN):
+        return tail[-1].removeprefix("hermetic: ")
+    return None
 
 
 class TimedOut(Exception):

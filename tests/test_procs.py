@@ -14,7 +14,7 @@ import pytest
 from hermetic.build import toolchain
 from hermetic.build.sources import apply_patch
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
-from hermetic.procs import Limits, TimedOut, run_limited
+from hermetic.procs import Limits, TimedOut, exec_failure, run_limited
 from hermetic.root import Root
 from tests.support.reliability import survivors
 
@@ -124,3 +124,13 @@ def test_a_patch_that_does_not_apply_says_so_in_patchs_words(tmp_path: Path, mon
     with pytest.raises(BadInput) as caught:
         apply_patch(Path("p.diff"), Path("tree"), {"PATH": "/usr/bin:/bin"})
     assert "Hunk #1 FAILED" in caught.value.what and (tree / "a.txt").read_text() == "other\n"
+
+
+def test_a_program_that_cannot_start_is_said_plainly(tmp_path: Path) -> None:
+    rc, tail = run_limited([str(tmp_path / "no-such-nvcc"), "--version"], cwd=str(tmp_path),
+                           env={"PATH": "/usr/bin:/bin"}, limits=Limits(), on_line=lambda _line: None)
+    assert exec_failure(rc, tail) == f"cannot run {tmp_path / 'no-such-nvcc'}: No such file or directory"
+    root = Root(tmp_path / "root")
+    root.ensure()
+    with pytest.raises(PreconditionFailed, match="cannot run .*no-such-nvcc"):
+        toolchain._cached_output(root, tmp_path / "no-such-nvcc", ["--version"], str.strip)

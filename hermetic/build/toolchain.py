@@ -112,19 +112,19 @@ def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str]
     """A tool's answer, cached by the tool's stat fingerprint (running nvcc costs ~50 ms)."""
     def run() -> str:
         # like a compiler: a session of its own that dies with hermetic, and a limit (it answers in ms)
-        from hermetic.procs import Limits, TimedOut, run_limited  # only when the answer is not cached
+        from hermetic.procs import Limits, TimedOut, exec_failure, run_limited  # only when the answer is not cached
         root.tmp.mkdir(parents=True, exist_ok=True)
         try:
-            _rc, tail = run_limited([str(exe), *args], cwd=str(root.tmp), limits=Limits(), timeout=TOOL_TIMEOUT_S,
+            rc, tail = run_limited([str(exe), *args], cwd=str(root.tmp), limits=Limits(), timeout=TOOL_TIMEOUT_S,
                                     env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)},
                                     on_line=lambda _line: None)
         except TimedOut:
             raise PreconditionFailed(f"{exe} {' '.join(args)} did not answer within {TOOL_TIMEOUT_S:g} s",
                                      where=str(exe), hint="check the toolchain (is its file system stalled?)") \
                 from None
-        except OSError as e:
-            raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", where=str(exe),
-                                     hint="check the toolchain") from None
+        failure = exec_failure(rc, tail)
+        if failure:
+            raise PreconditionFailed(failure, where=str(exe), hint="check the toolchain")
         return parse("\n".join(tail) + "\n")
     return str(root.cache("tools").cached(f"output {args}\0{exe}", [exe], run))
 
