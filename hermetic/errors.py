@@ -6,6 +6,11 @@ the exit code of PRODUCT.md in one place (``exit_code``) and prints no traceback
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Callable
+from pathlib import PurePath
+
 
 class HermeticError(Exception):
     """Base class: the work failed (exit 1)."""
@@ -49,3 +54,78 @@ class PreconditionFailed(HermeticError):
 
     exit_code = 3
     kind = "precondition"
+
+
+# OSErrors about a path that a user causes: a path they named (--root, a recipe, a lock, a patch, the lock
+# folder) or a file they changed (a cache, the root). Any other OSError is a bug and keeps its traceback.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_PATH_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
+                errno.EEXIST, errno.ENAMETOOLONG)
+
+
+def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
+               place: str | None = None) -> HermeticError | None:
+    """The clear error an OSError about a path is: what the path's trouble is, the path as ``where``, what to
+    do (``hint`` adds what the caller knows, e.g. which setting named the path); None for an OSError no user
+    causes. A full disk is the work failing (exit 1); everything else here is bad input (exit 2). ``place``
+    names where a full disk happened when the error names no file (a failed write() names none)."""
+    filename = e.filename if e.filename is not None or e.errno not in _NO_SPACE else place
+    if filename is None or e.errno not in (*_NO_SPACE, *_PATH_ERRNOS):
+        return None
+    path = os.fsdecode(filename)
+    other = f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
+    what, advice = _explain(e.errno, path, below=e.filename is None)
+    what = f"{doing}: {what}{other}" if doing else what + other
+    full = f"{advice}; {hint}" if hint else advice
+    if e.errno in _NO_SPACE:
+        return WorkFailed(what, where=path, hint=full)
+    return BadInput(what, where=path, hint=full)
+
+
+def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
+    if code in _NO_SPACE:
+        quota = " (the disk quota is full)" if code == errno.EDQUOT else ""
+        return (f"no space left on the device while writing {'below ' if below else ''}{path}{quota}",
+                "free space there (`hermetic gc` deletes what no root needs) or choose another --root; what was "
+                "half written is garbage `hermetic gc` removes")
+    if code == errno.ENOENT:
+        return f"{path} does not exist", "check the path (was it removed while hermetic ran? then run again)"
+    if code == errno.ENOTDIR:
+        blocking = _first_ancestor(path, lambda p: os.path.lexists(p) and not os.path.isdir(p))
+        return (f"{blocking or 'a folder on the path'} is a file, not a folder, so {path} cannot exist",
+                "choose a path whose folders are folders, or move that file away")
+    if code == errno.ELOOP:
+        looping = _first_ancestor(path, _loops)
+        return (f"{looping or path} is a loop of symbolic links",
+                "fix or remove the symbolic link (`ls -l` shows where it points)")
+    if code in (errno.EACCES, errno.EPERM):
+        existing = path if os.path.lexists(path) else _first_ancestor(path, os.path.exists, last=True)
+        whose = f" for uid {os.geteuid()}" if hasattr(os, "geteuid") else ""
+        place = path if existing == path else f"{existing}, so {path} cannot be created"
+        return (f"permission denied{whose}: {place}",
+                "give this user access (read for inputs; write for the scratch root and the lock folder), or "
+                "choose a path it may use")
+    if code == errno.EROFS:
+        return (f"{path} is on a read-only file system",
+                "choose a path on a writable file system (the scratch root and the lock folder are written to)")
+    if code == errno.EISDIR:
+        return f"{path} is a folder, not a file", "give the path of a file"
+    if code == errno.EEXIST:
+        return f"{path} is in the way: something exists where hermetic creates it", "move it away"
+    return f"the path {path} is too long", "choose a shorter path"
+
+
+def _loops(p: str) -> bool:
+    try:
+        os.stat(p)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
+
+
+def _first_ancestor(path: str, test: Callable[[str], bool], *, last: bool = False) -> str | None:
+    """The first folder on ``path``, from the top, that passes ``test`` (``last``: the deepest one)."""
+    full = os.path.abspath(path)
+    chain = [*reversed([str(p) for p in PurePath(full).parents]), full]
+    found = [p for p in chain if test(p)]
+    return (found[-1] if last else found[0]) if found else None

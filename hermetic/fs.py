@@ -202,6 +202,15 @@ def remove_tree(top: Path) -> int:
     return freed
 
 
+def resolve(path: Path) -> Path:
+    """``path.resolve()``, a loop of symbolic links raising an OSError that names the path (ELOOP) like every
+    other file-system error (Python before 3.13 raises a RuntimeError)."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
+
+
 def link_or_copy(src: str | Path, dst: str | Path) -> bool:
     """Hard-link ``src`` to ``dst``; copy (keeping mtime) across file systems or past the link limit.
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,11 @@ if lim.get("nice"):
     os.nice(lim["nice"])
 if lim.get("address_space"):
     resource.setrlimit(resource.RLIMIT_AS, (lim["address_space"], lim["address_space"]))
-os.execvp(sys.argv[2], sys.argv[2:])
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:  # said like a shell says it, not as a traceback of this shim
+    print(f"hermetic: cannot run {sys.argv[2]}: {e.strerror}", file=sys.stderr)
+    sys.exit(127)
 """
 
 # ninja starts each command in a process group of its own, so the build is found by its session (the
@@ -72,6 +77,24 @@ _scope: dict[str, object] = {}
 exec(_SESSION_KILL, _scope)  # one definition, used here and inside the reaper
 
 
+CANNOT_RUN = "hermetic: cannot run "  # what the shim says when the program cannot be started (exit 127)
+
+
+def exec_failure(rc: int, tail: list[str]) -> str | None:
+    """Why the program itself never started ("cannot run X: No such file or directory"), else None."""
+    if rc == 127 and tail and tail[-1].startswith(CANNOT_RUN):
+        return tail[-1].removeprefix("hermetic: ")
+    return None
+
+
+class TimedOut(Exception):
+    """A child ran past its time limit; its whole session was stopped."""
+
+    def __init__(self, argv: Sequence[str], seconds: float, tail: list[str]) -> None:
+        super().__init__(f"{argv[0]} ran longer than {seconds:g} s and was stopped")
+        self.seconds, self.tail = seconds, tail
+
+
 @dataclass(frozen=True)
 class Limits:
     cpus: tuple[int, ...] | None = None
@@ -81,10 +104,12 @@ class Limits:
 
 def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
                 on_line: Callable[[str], None],
-                on_start: Callable[[int], None] | None = None) -> tuple[int, list[str]]:
+                on_start: Callable[[int], None] | None = None,
+                timeout: float | None = None) -> tuple[int, list[str]]:
     """Run ``argv`` in a new process group under ``limits``; stream its output lines; return (rc, tail).
 
     ``on_start`` gets the pid of the group's leader (the limited child) once it runs, e.g. for a memory guard.
+    Past ``timeout`` seconds the whole session is stopped and ``TimedOut`` raised.
     """
     # The child waits at a gate (a pipe) until its reaper runs: a kill -9 between the two starts (no signal
     # mask stops SIGKILL) closes the gate's write end, and the child exits without running anything.
@@ -111,7 +136,17 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     tail: list[str] = []
     finished = False
+    # the limit stops the session from a timer thread: the output of the stopped child ends, the loop with it
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        _kill_group(proc.pid)
+    timer = None if timeout is None else threading.Timer(timeout, expire)
     try:
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
         if on_start is not None:
             on_start(proc.pid)
         assert proc.stdout is not None
@@ -122,8 +157,10 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
             on_line(line)
         rc = proc.wait()
         finished = True
-        return rc, tail
     finally:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
         if not finished:  # interrupted: stop the whole group now, not when the reaper notices
             _kill_group(proc.pid)
             proc.wait()
@@ -134,6 +171,9 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         except BrokenPipeError:
             pass
         reaper.wait()
+    if expired.is_set():
+        raise TimedOut(argv, timeout or 0, tail)
+    return rc, tail
 
 
 def _kill_group(sid: int) -> None:

@@ -7,11 +7,12 @@ docs/layout.md; this module is its single source of truth.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic import fs
-from hermetic.errors import BadInput
+from hermetic.errors import BadInput, path_error
 
 ROOT_MARKER = "HERMETIC_ROOT"
 
@@ -48,16 +49,25 @@ CACHES = {c.name: c for c in (
 @dataclass(frozen=True)
 class Root:
     path: Path
+    named_by: str = "--root"   # --root, HERMETIC_ROOT or the default: said in errors about the root's path
 
     @staticmethod
     def locate(cli_root: str | None, environ: dict[str, str] | None = None) -> Root:
         env = os.environ if environ is None else environ
+        named_by = "--root" if cli_root else "HERMETIC_ROOT" if env.get("HERMETIC_ROOT") else \
+            "the default, .hermetic/ in the current folder"
         raw = cli_root or env.get("HERMETIC_ROOT") or ".hermetic"
         path = Path(raw).expanduser().absolute()
-        if path.exists() and not path.is_dir():
-            raise BadInput(f"the scratch root {path} exists and is not a folder",
-                           where="--root", hint="choose another --root or HERMETIC_ROOT")
-        return Root(path)
+        hint = f"the scratch root comes from {named_by}: choose another with --root or HERMETIC_ROOT"
+        try:  # a root that cannot be reached is said now, for every command, not at the first write
+            st = path.stat()
+        except FileNotFoundError:
+            return Root(path, named_by)
+        except OSError as e:
+            raise path_error(e, doing="the scratch root cannot be used", hint=hint) or e from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"the scratch root {path} exists and is not a folder", where=named_by, hint=hint)
+        return Root(path, named_by)
 
     # layout -------------------------------------------------------------
     @property

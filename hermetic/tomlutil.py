@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hermetic.errors import BadInput
+from hermetic import fs
+from hermetic.errors import BadInput, path_error
 
 KeyPath = tuple[str | int, ...]
 T = TypeVar("T")
@@ -67,8 +68,9 @@ def read_input(path: Path, what: str = "file") -> bytes:
                        hint="check the path (relative paths are taken from the referring file's folder "
                             "or the current directory)") from None
     except OSError as e:
-        raise BadInput(f"cannot read {what} {path}: {e.strerror or e}", where=str(path),
-                       hint="check that it is a readable file") from None
+        raise path_error(e, doing=f"cannot read the {what}") or BadInput(
+            f"cannot read {what} {path}: {e.strerror or e}", where=str(path),
+            hint="check that it is a readable file") from None
 
 
 def load_toml(path: Path) -> TomlDoc:
@@ -336,7 +338,10 @@ def strings(doc: TomlDoc, table: dict[str, Any], key: str, kp: KeyPath) -> list[
 
 def inside_repo(doc: TomlDoc, folder: Path, text: str, kp: KeyPath) -> Path:
     """A path relative to the recipe, which must stay inside the recipe's repository."""
-    p = (folder / text).resolve()
+    try:
+        p = fs.resolve(folder / text)
+    except OSError as e:
+        raise path_error(e, doing=doc.where(*kp)) or e from None
     top = repo_top(folder)
     if not p.is_relative_to(top):
         raise BadInput(f"{text} leaves the repository ({top})", where=doc.where(*kp),

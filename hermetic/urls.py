@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from hermetic.errors import BadInput
@@ -43,6 +44,16 @@ def same_origin(a: str, b: str) -> bool:
     """Whether two URLs address the same scheme, host and port (credentials aside)."""
     pa, pb = urlsplit(a), urlsplit(b)
     return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
+
+
+def file_url_path(url: str, where: str) -> Path:
+    """The local path a ``file:`` URL names, percent-decoded as pip decodes it (``%20`` is a space):
+    ``file:///p`` and ``file://localhost/p``. One naming another host is bad input (its path is not ours)."""
+    parts = urlsplit(url)
+    if parts.netloc.lower() not in ("", "localhost"):
+        raise BadInput(f"unsupported URL {redact(url)!r}: a file: URL of another host ({parts.hostname})",
+                       where=where, hint="give a file:/// URL of this machine, an http(s) URL or a local path")
+    return Path(unquote(parts.path))  # urllib.request.url2pathname on POSIX, without importing urllib.request
 
 
 def split_credentials(url: str, where: str) -> tuple[str, tuple[str, str] | None]:

@@ -1,16 +1,19 @@
 """verify --rebuild-sample: honest objects compare equal after recompiling; a planted wrong object (compiled
-with another flag and filed under the right key, so every hash check passes) is caught."""
+with another flag and filed under the right key, so every hash check passes) is caught; kill -9 mid-compile
+leaves no compiler behind."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from hermetic.store import Store
 from tests.support import cli
 from tests.support.builds import Project, local_command
+from tests.support.reliability import kill_and_reap, survivors
 
 
 def _verify(root: Path, n: int) -> tuple[int, dict[str, object]]:
@@ -67,3 +70,33 @@ def test_gc_of_a_dropped_build_removes_its_objects_and_their_index(tmp_path: Pat
     store = Store(root / "store")
     assert not [e for e in store.iter_entries() if "-obj-" in e or "-mod-" in e]
     assert not list(index.glob("*/*/*")) and not list(index.glob("*/*"))
+
+
+def _recompiling(root: Path) -> list[int]:
+    """Live compilers of a rebuild sample (their output goes to the root's tmp/rebuild-*)."""
+    needle = f"{root}/tmp/rebuild-".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in cmd and any(t in cmd for t in (b"nvcc", b"cicc", b"cc1plus", b"ptxas",
+                                                                     b"g++", b"c++")):
+            found.append(int(pid))
+    return found
+
+
+def test_kill_9_mid_rebuild_sample_leaves_no_compiler(tmp_path: Path, shared_root: Path) -> None:
+    Project(tmp_path / "p", "rebuildkill", shared_root).realize()
+    p = cli.popen(shared_root, "verify", "--rebuild-sample", "100", env=dict(os.environ), output=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not _recompiling(shared_root):
+        assert p.poll() is None and time.monotonic() < deadline, "no compiler started"
+        time.sleep(0.01)
+    outlived, _waited = kill_and_reap(p.pid, shared_root)
+    p.wait(timeout=60)
+    assert outlived == [] and _recompiling(shared_root) == [] and survivors(shared_root) == []

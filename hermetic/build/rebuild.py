@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from hermetic.build.certificate import read_certificate
 from hermetic.build.objects import InputHasher, object_bytes
 from hermetic.build.plan import map_flags
 from hermetic.keys import PrefixMap
+from hermetic.procs import Limits, run_limited
 from hermetic.root import Root
 from hermetic.store import Store
 
@@ -89,10 +89,12 @@ def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str, pmap: Pre
         env = root.child_env(pmap.local_env(rec["env"]))
         env.setdefault("PATH", "/usr/bin:/bin")
         env["CUDA_VISIBLE_DEVICES"] = ""
-        p = subprocess.run(argv, capture_output=True, text=True, env=env,
-                           cwd=build_dir if os.path.isdir(build_dir) else work)
-        if p.returncode != 0:
-            return Rebuilt(name, source, "mismatch", f"the recorded command failed now: {p.stderr[-500:]}")
+        # like the build's own compiles: a session of its own, which dies with hermetic (kill -9 too); no
+        # time limit, as a build has none (one unit of a large extension compiles for minutes on 2 cores)
+        rc, tail = run_limited(argv, cwd=build_dir if os.path.isdir(build_dir) else work, env=env,
+                               limits=Limits(), on_line=lambda _line: None)
+        if rc != 0:
+            return Rebuilt(name, source, "mismatch", f"the recorded command failed now: {chr(10).join(tail)[-500:]}")
         fresh = Path(out).read_bytes()
     stored = object_bytes(store, rec)
     if stored is None:

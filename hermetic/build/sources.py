@@ -13,23 +13,26 @@ import gzip
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from hermetic import fs
-from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.errors import BadInput, PreconditionFailed, WorkFailed, path_error
 from hermetic.locks.types import LockedWheel
+from hermetic.locks.validate import basename
+from hermetic.procs import Limits, TimedOut, run_limited
 from hermetic.recipe import Source
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
 from hermetic.store.records import FileMap
 from hermetic.store.trees import check_relpath
+from hermetic.urls import file_url_path
 
 if TYPE_CHECKING:
     from hermetic.build.share import ObjectShare
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 SOURCE_VERSION = 1
 MAX_SOURCE_BYTES = 4 << 30   # a decompression bomb stops here, not at a full disk
 MAX_SOURCE_FILES = 200_000
+PATCH_TIMEOUT_S = 300.0
+SYSTEM_PATH = "/usr/bin:/bin"  # system tools (patch) come from here, never from a PATH
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
                     store.drop_blob(archive.name)
                 raise
         for patch in patches:
-            apply_patch(patch, staging.out)
+            apply_patch(patch, staging.out, root.child_env({"PATH": SYSTEM_PATH, "LC_ALL": "C"}))
         files = staging.ingest()
         refs = [blob_ref(src.sha256)] if src.path is None and src.sha256 is not None else []
         staging.record = {"format": STORE_FORMAT, "name": name, "kind": "tree", "label": f"src-{src.name}",
@@ -133,8 +138,9 @@ def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: ObjectS
                              src.where)
     else:
         url = src.url or ""
-        local = Path(url[len("file://"):]) if url.startswith("file://") else None
-        locked = LockedWheel(src.name, None, (src.sha256,), url.rsplit("/", 1)[-1], None if local else url,
+        # decoded as the lock readers decode a location (percent-escapes, file://localhost/)
+        local = file_url_path(url, src.where) if urlsplit(url).scheme.lower() == "file" else None
+        locked = LockedWheel(src.name, None, (src.sha256,), basename(url), None if local else url,
                              local, None, src.where)
     with Fetcher(load_pip_config(), store.tmp, reporter) as fetcher:
         got = fetcher.fetch(locked)
@@ -235,9 +241,16 @@ def _write_member(fin: IO[bytes], dst: Path, declared: int, src: Source) -> None
 _PATCH_PATH = re.compile(r"^(?:---|\+\+\+) (\S+)")
 
 
-def apply_patch(patch: Path, tree: Path) -> None:
-    """Apply a unified diff with GNU patch (-p1), after checking that it only touches files in the tree."""
-    text = patch.read_text(errors="replace")
+def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float = PATCH_TIMEOUT_S) -> None:
+    """Apply a unified diff with GNU patch (-p1), after checking that it only touches files in the tree.
+
+    patch is the system's (/usr/bin, /bin: never a PATH's), run like a compiler: in a session of its own that
+    dies with hermetic, and stopped past ``timeout`` (a patch applies in milliseconds; one that does not is
+    stuck, on a stalled file system say)."""
+    try:
+        text = patch.read_text(errors="replace")
+    except OSError as e:
+        raise path_error(e, doing="cannot read the patch") or e from None
     for lineno, line in enumerate(text.splitlines(), 1):
         m = _PATCH_PATH.match(line)
         if not m or m.group(1) == "/dev/null":
@@ -250,13 +263,20 @@ def apply_patch(patch: Path, tree: Path) -> None:
             raise BadInput(f"the patch touches {m.group(1)!r}, outside the source tree",
                            where=f"{patch}:{lineno}", hint="patch paths are a/<path> and b/<path> inside the "
                                                            "source tree (applied with -p1)") from None
-    if shutil.which("patch") is None:
-        raise PreconditionFailed("GNU patch is not installed", hint="apt-get install patch")
+    exe = shutil.which("patch", path=SYSTEM_PATH)
+    if exe is None:
+        raise PreconditionFailed(f"GNU patch is not installed (looked in {SYSTEM_PATH})",
+                                 hint="apt-get install patch")
     for dry in (True, False):
-        args = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--reject-file=-",
-                "-d", str(tree), "-i", str(patch)] + (["--dry-run"] if dry else [])
-        p = subprocess.run(args, capture_output=True, text=True)
-        if p.returncode != 0:
-            raise BadInput(f"the patch does not apply:\n{(p.stdout + p.stderr).strip()[-1500:]}",
+        args = [exe, "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--reject-file=-",
+                "-d", os.path.abspath(tree), "-i", os.path.abspath(patch)] + (["--dry-run"] if dry else [])
+        try:
+            rc, tail = run_limited(args, cwd=str(tree), env=env, limits=Limits(), on_line=lambda _line: None,
+                                   timeout=timeout)
+        except TimedOut:
+            raise WorkFailed(f"patch did not finish within {timeout:g} s and was stopped", where=str(patch),
+                             hint="a patch applies in well under a second: is the patch or the source tree on a "
+                                  "stalled file system?") from None
+        if rc != 0:
+            raise BadInput("the patch does not apply:\n" + "\n".join(tail).strip()[-1500:],
                            where=str(patch), hint="regenerate it against the pinned source")
-

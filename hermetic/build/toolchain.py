@@ -20,6 +20,8 @@ from hermetic.root import Root
 from hermetic.store.records import HostCompiler
 from hermetic.store.trees import FileMap
 
+TOOL_TIMEOUT_S = 120.0  # a tool asked for its version answers in milliseconds
+
 
 def cuda_home_rel(toolchain: Toolchain) -> str:
     return f"nvidia/cu{toolchain.cuda.split('.')[0]}"
@@ -109,13 +111,21 @@ def host_compiler(root: Root, name: str) -> HostCompiler:
 def _cached_output(root: Root, exe: Path, args: list[str], parse: Callable[[str], str]) -> str:
     """A tool's answer, cached by the tool's stat fingerprint (running nvcc costs ~50 ms)."""
     def run() -> str:
-        import subprocess  # only when a tool's answer is not cached: a no-op never runs one
+        # like a compiler: a session of its own that dies with hermetic, and a limit (it answers in ms)
+        from hermetic.procs import Limits, TimedOut, exec_failure, run_limited  # only when the answer is not cached
+        root.tmp.mkdir(parents=True, exist_ok=True)
         try:
-            p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
-                               env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)})
-        except OSError as e:
-            raise PreconditionFailed(f"cannot run {exe}: {e.strerror}", hint="check the toolchain") from None
-        return parse(p.stdout + p.stderr)
+            rc, tail = run_limited([str(exe), *args], cwd=str(root.tmp), limits=Limits(), timeout=TOOL_TIMEOUT_S,
+                                    env={"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)},
+                                    on_line=lambda _line: None)
+        except TimedOut:
+            raise PreconditionFailed(f"{exe} {' '.join(args)} did not answer within {TOOL_TIMEOUT_S:g} s",
+                                     where=str(exe), hint="check the toolchain (is its file system stalled?)") \
+                from None
+        failure = exec_failure(rc, tail)
+        if failure:
+            raise PreconditionFailed(failure, where=str(exe), hint="check the toolchain")
+        return parse("\n".join(tail) + "\n")
     return str(root.cache("tools").cached(f"output {args}\0{exe}", [exe], run))
 
 

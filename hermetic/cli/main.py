@@ -3,14 +3,14 @@ in one place (PRODUCT.md's table)."""
 
 from __future__ import annotations
 
-import errno
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from hermetic.cli.commands import COMMANDS
 from hermetic.cli.parser import build_parser
-from hermetic.errors import HermeticError, WorkFailed
+from hermetic.errors import HermeticError, path_error
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 
@@ -30,6 +30,17 @@ def _internal(command: str, reporter: Reporter, e: Exception) -> int:
     return 1
 
 
+def _where_hint(e: OSError, root: Root | None) -> str | None:
+    """What else to say about a path hermetic could not use: the scratch root's and who named it."""
+    if root is None or e.filename is None:
+        return None
+    path = os.path.abspath(os.fsdecode(e.filename))
+    top = str(root.path)
+    if path == top or path.startswith(top + os.sep) or top.startswith(path + os.sep):
+        return f"the scratch root is {top} (from {root.named_by}); --root or HERMETIC_ROOT chooses another"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
@@ -47,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     command = "show" if args.command == "status" else args.command
+    root: Root | None = None
     try:
         root = Root.locate(getattr(args, "root", None))
         return COMMANDS[command](root, args, reporter)
@@ -61,13 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 1
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        err = path_error(e, hint=_where_hint(e, root), place=str(root.path) if root is not None else None)
+        if err is None:
             return _internal(command, reporter, e)
-        err = WorkFailed(f"no space left on the device while writing {e.filename or 'a file'}"
-                         + (" (the disk quota is full)" if e.errno == errno.EDQUOT else ""),
-                         where=str(e.filename or getattr(args, "root", "") or "the scratch root"),
-                         hint="free space where the scratch root lives (`hermetic gc` deletes what no root needs) "
-                              "or choose another --root; what was half written is garbage `hermetic gc` removes")
         print(err.render(), file=sys.stderr)
         reporter.result(command, False, err.exit_code, error=err.as_record())
         return err.exit_code

@@ -17,7 +17,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit, urlunsplit
-from urllib.request import url2pathname
 
 from packaging.tags import Tag
 from packaging.utils import (
@@ -31,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 
 from hermetic.fetch.pipconfig import PipConfig
 from hermetic.fetch.session import TransientError, UnavailableError, http_get, with_retries
-from hermetic.urls import redact, same_origin
+from hermetic.urls import file_url_path, redact, same_origin
 
 if TYPE_CHECKING:
     import requests
@@ -57,8 +56,7 @@ def is_url(location: str) -> bool:
 
 
 def file_url_to_path(url: str) -> Path:
-    parts = urlsplit(url)
-    return Path(url2pathname(parts.path))
+    return file_url_path(url, redact(url))
 
 
 class _Anchors(HTMLParser):

@@ -20,7 +20,7 @@ from hermetic.locks.types import Lock, LockedWheel
 def read_lock_cached(cache: fs.FingerprintCache, path: Path) -> Lock:
     """``path`` parsed for the running interpreter, from ``cache`` (root's ``locks`` bucket) while the lock and
     the interpreter are unchanged."""
-    found = cache.get(str(path.resolve()))
+    found = cache.get(str(fs.resolve(path)))
     if isinstance(found, dict):
         try:
             return _decode(found)
@@ -28,7 +28,7 @@ def read_lock_cached(cache: fs.FingerprintCache, path: Path) -> Lock:
             pass  # a record of another shape: parse again
     from hermetic.locks.read import read_lock
     lock = read_lock(path)
-    cache.put(str(path.resolve()), _encode(lock), [path, Path(sys.executable).resolve()])
+    cache.put(str(fs.resolve(path)), _encode(lock), [path, Path(sys.executable).resolve()])
     return lock
 
 

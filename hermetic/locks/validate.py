@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
-from urllib.request import url2pathname
 
 from packaging.markers import InvalidMarker, Marker
 from packaging.tags import Tag
@@ -20,6 +19,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from hermetic.errors import BadInput
 from hermetic.locks.types import Lock, LockedWheel
+from hermetic.urls import file_url_path
 
 __all__ = ["Lock", "LockedWheel"]
 
@@ -80,8 +80,8 @@ def resolve_location(loc: str, base: Path, where: str) -> tuple[str | None, Path
     parts = urlsplit(loc)
     if parts.scheme in ("http", "https") and parts.netloc:
         return loc, None
-    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
-        return None, Path(url2pathname(parts.path))
+    if parts.scheme == "file":
+        return None, file_url_path(loc, where)
     raise BadInput(f"unsupported URL {loc!r}", where=where,
                    hint="give the wheel by an http(s) URL, a file:/// URL or a local path")
 

@@ -41,7 +41,7 @@ class Outcome:
 
 
 def _key(recipe_path: Path, variant: str | None) -> str:
-    return f"{recipe_path.resolve()}\0{variant or ''}"
+    return f"{fs.resolve(recipe_path)}\0{variant or ''}"
 
 
 def _content_key(recipe_sha256: str, variant: str | None) -> str:
@@ -64,7 +64,7 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: lis
     patches, folder sources) and of the host's files (``host``: interpreters, torch, compilers; the running
     interpreter's tags and markers chose the wheels), with the hashes of the recipe's files for a copy of them,
     and what this realize produced."""
-    recipe = recipe_path.resolve()
+    recipe = fs.resolve(recipe_path)
     base = recipe.parent
     hashes = {os.path.relpath(p, base): _content(p) for p in local}
     host_files = [str(p) for p in [*host, Path(sys.executable).resolve()]]
@@ -91,7 +91,7 @@ def noop_check(root: Root, recipe_path: Path, variant: str | None = None) -> Out
 
 def _same_bytes(root: Root, recipe_path: Path, variant: str | None) -> Outcome | None:
     """A no-op for a recipe whose files have new fingerprints and the recorded bytes (module docstring)."""
-    recipe = recipe_path.resolve()
+    recipe = fs.resolve(recipe_path)
     digest = _content(recipe)
     cache = root.cache("realize")
     state = cache.get(_content_key(digest, variant)) if digest is not None else None
@@ -138,7 +138,7 @@ def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | 
         if not (root.roots / f"{state['name']}.json").exists():
             return None
         receipt = Path(state["receipt"]) if state.get("receipt") else None
-        return Outcome(state["name"], recipe_path.resolve(), profile, state["tree"], list(state["entries"]),
+        return Outcome(state["name"], fs.resolve(recipe_path), profile, state["tree"], list(state["entries"]),
                        noop_counts(state["counts"]), {}, receipt, changed=False, python=state["python"],
                        archs=list(state["archs"]), cuda=state["cuda"])
     except (KeyError, TypeError, ValueError, AttributeError):

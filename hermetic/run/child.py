@@ -22,8 +22,22 @@ import sys
 import time
 from typing import Any
 
-INVALIDATING = 0x8 | 0x20 | 0x40 | 0x80
-POWER_CAP = 0x4
+# The clock-event reasons that make a sample invalid (a thermal or hardware slowdown, a power brake, a board or
+# reliability limit) and the one that only flags it (the software power cap), by nvidia-ml-py's names: it names
+# BoardLimit and Reliability only as nvmlClocksThrottleReason*. NVML's bit stands in where the bindings lack a name.
+INVALIDATING_REASONS = {"nvmlClocksEventReasonHwSlowdown": 0x8, "nvmlClocksEventReasonSwThermalSlowdown": 0x20,
+                        "nvmlClocksEventReasonHwThermalSlowdown": 0x40,
+                        "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80,
+                        "nvmlClocksThrottleReasonBoardLimit": 0x200, "nvmlClocksThrottleReasonReliability": 0x400}
+POWER_CAP_REASONS = {"nvmlClocksEventReasonSwPowerCap": 0x4}
+
+
+def reason_mask(nv: Any, reasons: dict[str, int]) -> int:
+    """The bits of ``reasons`` from the bindings' constants (``nv``: pynvml, or None where NVML is absent)."""
+    mask = 0
+    for name, bit in reasons.items():
+        mask |= int(getattr(nv, name, bit))
+    return mask
 
 
 def say(event: str, **fields: Any) -> None:
@@ -36,6 +50,7 @@ class Nvml:
     def __init__(self, uuid: str | None) -> None:
         self.nv: Any = None
         self.h: Any = None
+        self.invalidating = self.power_cap = 0  # no NVML, no reasons: every sample stands
         if not uuid:
             return
         try:
@@ -45,6 +60,9 @@ class Nvml:
             self.nv = nv
         except Exception as e:  # the run still measures; the results say NVML was missing
             say("warning", message=f"NVML unavailable in the measuring process: {e}")
+            return
+        self.invalidating = reason_mask(nv, INVALIDATING_REASONS)
+        self.power_cap = reason_mask(nv, POWER_CAP_REASONS)
 
     def call_snapshot(self) -> tuple[int | None, int | None]:
         if self.nv is None:
@@ -248,7 +266,8 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
                     samples.append({"label": label, "rep": rep, "pos": pos, "call": i, "discarded": i == 0,
                                     "time_us": dev_us, "host_us": host_us,
                                     "sm_clock_mhz": [clk0, clk1], "reasons": reasons,
-                                    "valid": not reasons & INVALIDATING, "power_capped": bool(reasons & POWER_CAP)})
+                                    "valid": not reasons & nvml.invalidating,
+                                    "power_capped": bool(reasons & nvml.power_cap)})
             finally:
                 gc.enable()
             after = nvml.block_counters()

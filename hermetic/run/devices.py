@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.errors import PreconditionFailed
+from hermetic.errors import PreconditionFailed, path_error
 from hermetic.reporter import Reporter
 from hermetic.run.spec import Runner
 
@@ -31,9 +31,12 @@ def pick_device(requested: str) -> str:
 
 
 def lock_dir(configured: str | None) -> Path:
-    """The machine-wide lock folder: shared by every user (the one deliberate place outside the root)."""
-    if configured or os.environ.get("HERMETIC_LOCK_DIR"):
-        return Path(configured or os.environ["HERMETIC_LOCK_DIR"])
+    """The machine-wide lock folder: shared by every user (the one deliberate place outside the root).
+    ``HERMETIC_LOCK_DIR``, else the runner's ``gpu.lock_dir`` (``configured``), else the first default whose
+    parent this user may write (docs/run.md): the environment before the file, as every setting."""
+    chosen = os.environ.get("HERMETIC_LOCK_DIR") or configured
+    if chosen:
+        return Path(chosen)
     for d in DEFAULT_LOCK_DIRS:
         parent = Path(d).parent
         if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
@@ -43,13 +46,19 @@ def lock_dir(configured: str | None) -> Path:
 
 def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, what: str) -> tuple[fs.FileLock, float]:
     """flock ``directory/name``, waiting up to ``timeout`` seconds; (lock, seconds waited)."""
-    if not directory.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, 0o1777)  # every user creates lock files here; the sticky bit guards them
     path = directory / name
     lock = fs.FileLock(path, timeout=timeout, what=what)
-    t0 = time.monotonic()
-    if not lock.acquire(blocking=False):
+    try:
+        if not directory.exists():
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o1777)  # every user creates lock files here; the sticky bit guards them
+        t0 = time.monotonic()
+        got = lock.acquire(blocking=False)
+    except OSError as e:
+        raise path_error(e, doing="the lock folder cannot be used",
+                         hint=f"the lock folder is {directory} (HERMETIC_LOCK_DIR, else gpu.lock_dir, else the "
+                              f"first of {', '.join(DEFAULT_LOCK_DIRS)} whose parent is writable)") or e from None
+    if not got:
         holder = ""
         try:
             holder = path.read_text().strip()

@@ -1,0 +1,136 @@
+"""Children under the reaper with a time limit: a real GNU patch that hangs (blocked opening a FIFO nobody
+will write again) and a real tool that never answers are stopped at their limit, and nothing of them
+survives; patch is the system's, whatever PATH says."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hermetic.build import toolchain
+from hermetic.build.sources import apply_patch
+from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
+from hermetic.procs import Limits, TimedOut, exec_failure, run_limited
+from hermetic.root import Root
+from tests.support.reliability import survivors
+
+DIFF = """\
+--- a/a.txt
++++ b/a.txt
+@@ -1 +1 @@
+-old
++new
+"""
+
+
+def _alive_with(needle: str) -> list[str]:
+    """Live processes whose command line holds ``needle`` (zombies are dead)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle.encode() in cmd:
+            shown = cmd.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{pid}: {shown}")
+    return found
+
+
+def _tree(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.txt").write_text("old\n")
+    return tree
+
+
+def test_a_patch_that_hangs_is_stopped_at_its_limit(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    fifo = tmp_path / "stuck.diff"
+    os.mkfifo(fifo)
+
+    def write_once() -> None:  # hermetic's own read gets the diff; patch's open then waits for a writer forever
+        with open(fifo, "w") as f:
+            f.write(DIFF)
+    writer = threading.Thread(target=write_once, daemon=True)
+    writer.start()
+    t0 = time.monotonic()
+    with pytest.raises(WorkFailed) as caught:
+        apply_patch(fifo, tree, {"PATH": "/usr/bin:/bin"}, timeout=1.5)
+    took = time.monotonic() - t0
+    writer.join(timeout=5)
+    assert not writer.is_alive()
+    assert "did not finish within 1.5 s" in caught.value.what and caught.value.where == str(fifo)
+    assert 1.5 <= took < 10, took
+    assert _alive_with(str(fifo)) == []          # the real patch, blocked in open(), is gone
+    assert (tree / "a.txt").read_text() == "old\n"
+
+
+def test_patch_is_the_systems_whatever_path_says(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    (tmp_path / "p.diff").write_text(DIFF)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    marker = tmp_path / "fake-ran"
+    (fake / "patch").write_text(f"#!/bin/sh\ntouch {marker}\nexit 0\n")
+    os.chmod(fake / "patch", 0o755)
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{fake}:{old}"
+    try:
+        apply_patch(tmp_path / "p.diff", tree, {"PATH": f"{fake}:/usr/bin:/bin"})
+    finally:
+        os.environ["PATH"] = old
+    assert (tree / "a.txt").read_text() == "new\n" and not marker.exists()
+
+
+def test_a_tool_that_never_answers_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Root(tmp_path / "root")
+    root.ensure()
+    monkeypatch.setattr(toolchain, "TOOL_TIMEOUT_S", 1.0)
+    # a real program that never answers, asked the way nvcc --version is asked
+    t0 = time.monotonic()
+    with pytest.raises(PreconditionFailed) as caught:
+        toolchain._cached_output(root, Path("/bin/sleep"), ["3583"], str.strip)
+    assert "did not answer within 1 s" in caught.value.what
+    assert time.monotonic() - t0 < 10
+    assert survivors(root.path) == [] and _alive_with("sleep\x003583") == []
+
+
+def test_run_limited_stops_the_whole_session_at_the_limit(tmp_path: Path) -> None:
+    # the child starts a grandchild in the background: the limit stops both (the session, not one pid)
+    script = f"sleep 3571 & echo started; wait # {tmp_path}"
+    with pytest.raises(TimedOut) as caught:
+        run_limited(["sh", "-c", script], cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"}, limits=Limits(),
+                    on_line=lambda _line: None, timeout=1.0)
+    assert caught.value.tail == ["started"]
+    assert _alive_with(str(tmp_path)) == [] and _alive_with("sleep\x003571") == []
+    rc, tail = run_limited(["sh", "-c", "echo quick"], cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"},
+                           limits=Limits(), on_line=lambda _line: None, timeout=30)
+    assert (rc, tail) == (0, ["quick"])
+
+
+def test_a_patch_that_does_not_apply_says_so_in_patchs_words(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = _tree(tmp_path)
+    (tree / "a.txt").write_text("other\n")
+    (tmp_path / "p.diff").write_text(DIFF)
+    monkeypatch.chdir(tmp_path)  # relative paths: patch runs inside the tree
+    with pytest.raises(BadInput) as caught:
+        apply_patch(Path("p.diff"), Path("tree"), {"PATH": "/usr/bin:/bin"})
+    assert "Hunk #1 FAILED" in caught.value.what and (tree / "a.txt").read_text() == "other\n"
+
+
+def test_a_program_that_cannot_start_is_said_plainly(tmp_path: Path) -> None:
+    rc, tail = run_limited([str(tmp_path / "no-such-nvcc"), "--version"], cwd=str(tmp_path),
+                           env={"PATH": "/usr/bin:/bin"}, limits=Limits(), on_line=lambda _line: None)
+    assert exec_failure(rc, tail) == f"cannot run {tmp_path / 'no-such-nvcc'}: No such file or directory"
+    root = Root(tmp_path / "root")
+    root.ensure()
+    with pytest.raises(PreconditionFailed, match="cannot run .*no-such-nvcc"):
+        toolchain._cached_output(root, tmp_path / "no-such-nvcc", ["--version"], str.strip)
