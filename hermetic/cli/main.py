@@ -49,7 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "show" if args.command == "status" else args.command
     try:
         root = Root.locate(getattr(args, "root", None))
-        return COMMANDS[command](root, args, reporter)
+        try:
+            return COMMANDS[command](root, args, reporter)
+        finally:
+            reporter.close()  # the live display stops before any error below is printed
     except HermeticError as e:
         print(e.render(), file=sys.stderr)
         reporter.result(command, False, e.exit_code, error=e.as_record())

@@ -50,14 +50,16 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
     lock = fs.FileLock(path, timeout=timeout, what=what)
     t0 = time.monotonic()
     if not lock.acquire(blocking=False):
-        holder = ""
-        try:
-            holder = path.read_text().strip()
-        except OSError:
-            pass
+        holder = _holder(path)
         reporter.event("lock-wait", f"waiting up to {timeout:g} s for {what} ({path}"
-                                    f"{'; held by ' + holder if holder else ''})", path=str(path))
-        lock.acquire()
+                                    f"{'; held by ' + holder if holder else ''})", path=str(path), holder=holder)
+        wait = reporter.wait(f"waiting for {what}", timeout, _held_by(holder))
+        try:  # the row says who holds it now (the holder may change while we wait), waited and left
+            lock.acquire(on_wait=lambda waited: wait.update(waited, _held_by(_holder(path))))
+        except BaseException:
+            wait.close()
+            raise
+        wait.close(f"took the lock on {what} after {time.monotonic() - t0:.1f} s")
     lock.note(f"pid {os.getpid()} on {socket.gethostname()} since "
               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
     try:
@@ -65,6 +67,18 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
     except OSError:
         pass
     return lock, time.monotonic() - t0
+
+
+def _holder(path: Path) -> str:
+    """Who holds a lock, as its holder wrote it into the file ("pid N on HOST since TIME"), or ""."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _held_by(holder: str) -> str:
+    return f"held by {holder}" if holder else "holder unknown"
 
 
 def gpu_preconditions(runner: Runner, realized: list[dict[str, Any]], index: int, spec: Any, *,
