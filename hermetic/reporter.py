@@ -11,6 +11,8 @@ of its own that says what it waits for, how long it has waited and how long it m
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import threading
 import time
@@ -155,10 +157,16 @@ class _Display:
     def __init__(self, stream: IO[str]) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        self.console = Console(file=stream)
+        from rich.table import Column
+        try:  # the terminal we draw on, not whichever of stdin and stdout happens to be one
+            width: int | None = os.get_terminal_size(stream.fileno()).columns
+        except (OSError, ValueError, AttributeError):
+            width = None
+        self.console = Console(file=stream, width=width)
+        one_line = Column(no_wrap=True, overflow="ellipsis")  # a row is one line: a long label is cut, not wrapped
         # no redirection: stdout carries data (`hermetic env`), it must never be routed into the display
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), _amount_column(),
-                                 TimeElapsedColumn(), console=self.console, transient=True,
+        self.progress = Progress(TextColumn("{task.description}", table_column=one_line), BarColumn(),
+                                 _amount_column(), TimeElapsedColumn(), console=self.console, transient=True,
                                  redirect_stdout=False, redirect_stderr=False, refresh_per_second=4)
         self.lock = threading.Lock()
         self.rows = 0
@@ -239,6 +247,7 @@ def _amount_column() -> Any:
     """How far a row is, in its own unit: bytes and speed, items done of total, or seconds waited and left
     (a rich column, made on first use: a command that shows no progress never imports rich)."""
     from rich.progress import ProgressColumn
+    from rich.table import Column
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
@@ -251,7 +260,7 @@ def _amount_column() -> Any:
                 amount += f" {_fmt(int(task.speed), 'bytes')}/s"
             return Text(amount)
 
-    return AmountColumn()
+    return AmountColumn(table_column=Column(no_wrap=True))
 
 
 # words ------------------------------------------------------------------------------------------------------
@@ -264,8 +273,9 @@ def _left(waited: float, timeout: float | None) -> float | None:
 
 
 def _waited(waited: float, timeout: float | None) -> str:
-    left = _left(waited, timeout)
-    return f"{waited:.0f} s waited" + (f", {left:.0f} s left" if left is not None else ", no limit")
+    # whole seconds, waited rounded down and left up: the two always add up to the limit
+    left = None if timeout is None else math.ceil(max(timeout - waited, 0.0))
+    return f"{math.floor(waited)} s waited" + (f", {left} s left" if left is not None else ", no limit")
 
 
 def _amount(done: int, total: int | None, unit: str) -> str:

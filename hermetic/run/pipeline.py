@@ -409,7 +409,8 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
         reporter.warn(dig["message"])
     if dig.get("previous") == "mismatch":
         reporter.warn(f"the reference digests replaced did not match this run ({len(dig['mismatches'])} drifted)")
-    if dig.get("drift") and (dig["status"] == "mismatch" or dig["drift"]["differences"]):
+    if dig.get("drift") and dig["status"] != "recorded" and (dig["status"] == "mismatch"
+                                                             or dig["drift"]["differences"]):
         reporter.event("run-drift", f"  {dig['drift']['message']}")
     for m in results["exactness_mismatches"][:20]:
         reporter.event("run-drift", f"  drifted: {m['check']} kernels={m['kernels']} depth={m['depth']} "

@@ -138,7 +138,8 @@ def digest_notes(results: dict[str, Any]) -> list[str]:
                                                                                  "there was no reference before")
         notes.append(f"recorded as the reference of this class, pinned to this run's receipt ({was}).")
     drift = dig.get("drift")
-    if drift and (dig["status"] == "mismatch" or drift["differences"] or not drift["pinned"]):
+    if drift and dig["status"] != "recorded" and (dig["status"] == "mismatch" or drift["differences"]
+                                                  or not drift["pinned"]):
         notes.append(f"{drift['message'][0].upper()}{drift['message'][1:]}.")
         notes += [f"* {d['what']}: reference `{d['reference']}`, now `{d['now']}`" for d in drift["differences"]]
     return notes
