@@ -252,11 +252,14 @@ class FileLock:
         self.path, self.shared, self.timeout, self.what = path, shared, timeout, what
         self.fd: int | None = None
 
-    def acquire(self, *, blocking: bool = True) -> bool:
+    def acquire(self, *, blocking: bool = True, on_wait: Callable[[float], None] | None = None) -> bool:
+        """Take the lock; ``on_wait(seconds waited)`` is called about twice a second while another holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = None if self.timeout is None else started + self.timeout
+        told = started
         try:
             while True:
                 try:
@@ -267,11 +270,15 @@ class FileLock:
                     if not blocking:
                         os.close(fd)
                         return False
-                    if deadline is None:
+                    if deadline is None and on_wait is None:
                         fcntl.flock(fd, op)
                         self.fd = fd
                         return True
-                    if time.monotonic() >= deadline:
+                    now = time.monotonic()
+                    if on_wait is not None and now - told >= 0.5:
+                        told = now
+                        on_wait(now - started)
+                    if deadline is not None and now >= deadline:
                         raise PreconditionFailed(
                             f"timed out after {self.timeout:g} s waiting for the lock on {self.what}",
                             where=str(self.path),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,12 +18,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from hermetic import fs
 from hermetic.errors import BadInput
 from hermetic.run.gpu import GpuFacts, check_preconditions
 from hermetic.run.spec import load_runner
 from tests.support import cli
 from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.runs import SLOW_WORKER, run_hermetic, small_repo
+from tests.support.terminal import PtyReader, screen
 
 ULP_WORKER = """\
 import torch
@@ -101,6 +104,25 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     assert list(run_root[1].glob("cpu-*.lock"))
 
 
+def test_the_avx2_class_is_measured_and_matched_here_through_aten_cpu_capability(run_root: tuple[Path, Path],
+                                                                                   tmp_path: Path) -> None:
+    """torch dispatches its CPU kernels at AVX2 when told to; the class follows, and its committed reference
+    (recorded the same way on this project's AVX-512 machine) matches."""
+    h = run_hermetic(run_root, tmp_path)
+    r = h("run", REPO / "runner" / "worker.toml", "--device", "cpu", "--repetitions", "2", "--json",
+          env={"ATEN_CPU_CAPABILITY": "avx2"})
+    assert r.rc == 0, r.err[-3000:]
+    receipt = json.loads(Path(r.result["receipt"]).read_text())
+    assert receipt["environment"]["cpu_capability"] == "AVX2"
+    assert receipt["environment"]["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
+    dig = receipt["checks"]["digests"]
+    assert dig["class"].startswith("cpu-avx2-") and dig["class"].endswith("-t2")
+    reference = REPO / "manifests" / "digests" / f"{dig['class']}.txt"
+    assert dig["status"] == ("match" if reference.exists() else "unknown-class"), dig
+    if reference.exists():
+        assert dig["compared"] == 24 and dig["drift"]["pinned"]
+
+
 def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path], tmp_path: Path) -> None:
     runner = small_repo(tmp_path / "repo", ULP_WORKER)
     r = run_hermetic(run_root, tmp_path)("run", runner, "--device", "cpu")
@@ -117,16 +139,30 @@ def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path],
 def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path: Path) -> None:
     runner = small_repo(tmp_path / "repo")
     h = run_hermetic(run_root, tmp_path)
-    first = h("run", runner, "--device", "cpu", "--record-digests")
+    first = h("run", runner, "--device", "cpu", "--record-digests", "--json")
     assert first.rc == 0, first.err[-3000:]
     (ref,) = (runner.parent / "digests").glob("cpu-*.txt")
+    # the reference pins the receipt of the run that recorded it, and the facts that receipt names
+    receipt_path = Path(first.result["receipt"])
+    receipt = json.loads(receipt_path.read_text())
+    assert receipt["checks"]["digests"]["status"] == "recorded"
+    pins = [line.split(" ", 3)[1:] for line in ref.read_text().splitlines() if line.startswith("pin ")]
+    assert ["receipt", receipt_path.name, "sha256:" + fs.sha256_file(receipt_path)[0]] in pins
+    p2p = receipt["modules"]["hermetic_p2p"]
+    assert p2p["sha256"] == fs.sha256_file(Path(p2p["file"]))[0]
+    assert ["module", "hermetic_p2p", "sha256:" + p2p["sha256"]] in pins
+    assert ["runtime", "torch", receipt["environment"]["torch"]] in pins
     lines = ref.read_text().splitlines()
-    key, digest = lines[2].split()
-    lines[2] = f"{key} {'0' if digest[0] != '0' else '1'}{digest[1:]}"
+    n = next(i for i, line in enumerate(lines) if line.startswith("s0"))
+    key, digest = lines[n].split()
+    lines[n] = f"{key} {'0' if digest[0] != '0' else '1'}{digest[1:]}"
     ref.write_text("\n".join(lines) + "\n")
     again = h("run", runner, "--device", "cpu")
     assert again.rc == 1, again.err[-3000:]
     assert f"digest drifted: {key}" in again.err
+    # the drift report: nothing the reference pinned changed, so the bits moved under the same modules and runtime
+    assert (f"since the reference run (receipt {receipt_path.name}, sha256 {fs.sha256_file(receipt_path)[0][:16]}): "
+            "modules unchanged; runtime unchanged; inputs unchanged") in again.err
 
 
 def test_the_memory_guard_stops_a_worker_past_its_limit(run_root: tuple[Path, Path], tmp_path: Path) -> None:
@@ -165,6 +201,46 @@ def test_a_second_run_waits_for_the_lock_then_gives_up(run_root: tuple[Path, Pat
         gate.touch()
         out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-3000:]
+
+
+def test_on_a_terminal_each_phase_shows_once_and_the_lock_wait_moves(run_root: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """A real run whose stderr is a pseudo-terminal, waiting for a CPU lock this test holds for a few seconds."""
+    import socket
+
+    runner = small_repo(tmp_path / "repo")
+    root, locks = run_root
+    lock = fs.FileLock(locks / f"cpu-{socket.gethostname()}.lock", what="the test")
+    assert lock.acquire(blocking=False)
+    lock.note(f"pid {os.getpid()} on the test since now\n")
+    term = PtyReader(columns=160)
+    env = {**run_hermetic(run_root, tmp_path).env, "TERM": "xterm-256color"}
+    env.pop("NO_COLOR", None)
+    p = subprocess.Popen(cli.command(root, "run", runner, "--device", "cpu", "--lock-timeout", "120"),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=term.slave, env=env, cwd=REPO)
+    try:
+        moves = term.wait_for(r"\d+ s waited, \d+ s left", timeout=60, count=3)
+    finally:
+        lock.release()
+    out, _ = p.communicate(timeout=300)
+    raw = term.finish()
+    assert p.returncode == 0, screen(raw)[-20:]
+    # the wait row said who holds the lock, and moved: waited up, left down, every second
+    assert len(moves) >= 3, raw[-3000:]
+    pairs = [tuple(int(x) for x in re.findall(r"\d+", m)) for m in moves]
+    assert all(w + left == 120 for w, left in pairs) and [w for w, _ in pairs] == sorted(w for w, _ in pairs)
+    assert f"held by pid {os.getpid()} on the test since now" in raw
+    lines = screen(raw)
+    for phase in ("run load", "run checks", "run warm-up", "run measure"):
+        finished = [ln for ln in lines if ln.startswith(phase)]
+        assert len(finished) == 1 and finished[0].startswith(f"{phase}: done, "), lines
+    took = [ln for ln in lines if ln.startswith("took the lock on this machine's CPU measurements after")]
+    assert len(took) == 1
+    order = [next(i for i, ln in enumerate(lines) if ln.startswith(x))
+             for x in ("took the lock", "run load", "run checks", "run warm-up", "run measure", "run small")]
+    assert order == sorted(order)
+    assert not [ln for ln in lines if "━" in ln or " s waited" in ln], lines  # no bar or wait row left behind
+    assert out == b""  # stdout carries data only (none without --json)
 
 
 @pytest.mark.parametrize(("edit", "message"), [

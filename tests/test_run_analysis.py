@@ -1,18 +1,25 @@
-"""The pure parts of `hermetic run`, called directly: the analysis of raw samples, the device class, the digest
-check. (test_run.py drives the same code through the CLI with a real worker; these pin its rules.)"""
+"""The pure parts of `hermetic run`, called directly: the analysis of raw samples (recorded ones too: a quiet
+H200 run and a noisy run on this project's busy 2-core machine), the noisy-run rule, the repetitions advice,
+the plot's axes, the device class, the digest check and its drift report. (test_run.py drives the same code
+through the CLI with a real worker; these pin its rules.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hermetic.errors import BadInput
-from hermetic.run.analysis import analyze
-from hermetic.run.digests import check_digests, device_class
+from hermetic.run.analysis import NOISY, analyze, noisy_run, repetitions_advice
+from hermetic.run.digests import check_digests, device_class, read_reference, receipt_facts, record_reference
+from hermetic.run.report import axis_range, plot_figure
 from hermetic.run.spec import Runner, load_runner
 from tests.support.cli import REPO
+
+QUIET_H200 = REPO / "docs" / "measurements" / "run-h200" / "results-r10.json"  # 10 repetitions, 2026-11-30
+NOISY_CPU = REPO / "tests" / "data" / "run" / "cpu-noisy-2core.json"           # 5 repetitions, 2026-12-01
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +61,93 @@ def test_a_clear_slowdown_is_decided_and_the_aa_control_holds(runner: Runner) ->
     assert a["flags"]["aa_noisy"] is False and a["cells"]["greedy-d5-b4/torch"]["n"] == 15
 
 
-def test_a_failed_aa_control_flags_the_run(runner: Runner) -> None:
-    a = analyze(raw_samples(runner, cpu_times(runner, aa=1.03)), runner, "cpu")
+def test_a_failed_aa_control_flags_the_run_and_withholds_every_decision(runner: Runner) -> None:
+    a = analyze(raw_samples(runner, cpu_times(runner, switch=1.05, aa=1.03)), runner, "cpu")
     assert a["aa"]["contains_1"] is False and a["flags"]["aa_noisy"] is True
+    assert "excludes 1" in a["noisy"]
+    decided = [c for c in a["comparisons"] if "skipped" not in c]
+    assert len(decided) == 3 and all(c["decision"] == NOISY and c["decision_reason"] == a["noisy"] for c in decided)
+    switch = next(c for c in decided if c["name"] == "switch graph vs original, all greedy")
+    assert switch["interval_decision"] == "slower"  # what the interval alone says is kept, not decided
+
+
+# the noisy-run rule on recorded samples ----------------------------------------------------------------------
+def recorded(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    return {"samples": data["samples"], "flags": {"other_process_seen": data["flags"]["other_process_seen"]}}
+
+
+def test_a_quiet_recorded_run_still_decides(runner: Runner) -> None:
+    a = analyze(recorded(QUIET_H200), runner.with_overrides(repetitions=10), "gpu")
+    assert a["noisy"] is None and not a["flags"]["aa_noisy"]
+    decisions = {c["name"]: c["decision"] for c in a["comparisons"]}
+    assert decisions == {"A/A control": "same", "switch graph vs original, all greedy": "slower",
+                         "sampled rows vs greedy": "unclear", "facc vs stock kernels": "unclear"}
+    assert a["aa"]["width"] < 0.005 < a["aa_max_width"] * a["threshold"]
+
+
+def test_a_noisy_recorded_run_decides_nothing(runner: Runner) -> None:
+    a = analyze(recorded(NOISY_CPU), runner, "cpu")
+    aa = a["aa"]
+    assert aa["contains_1"] and aa["width"] > 1.0  # it contains 1, but is 143 % wide: too wide to decide
+    assert a["noisy"] and "wide, more than 4 x the threshold of 0.50 % (2.00 %)" in a["noisy"]
+    decided = [c for c in a["comparisons"] if "skipped" not in c]
+    assert decided and {c["decision"] for c in decided} == {NOISY}
+
+
+def test_the_noisy_run_rule_on_its_own() -> None:
+    def aa(lo: float, hi: float) -> dict[str, Any]:
+        return {"sign_ci": [lo, hi]}
+    assert noisy_run(None, threshold=0.005, max_width=4) is None          # no control: nothing to withhold on
+    assert noisy_run(aa(0.998, 1.003), threshold=0.005, max_width=4) is None
+    assert "excludes 1" in (noisy_run(aa(1.001, 1.004), threshold=0.005, max_width=4) or "")
+    assert "excludes 1" in (noisy_run(aa(0.990, 0.999), threshold=0.005, max_width=4) or "")
+    assert noisy_run(aa(0.99, 1.0099), threshold=0.005, max_width=4) is None   # 1.99 % wide: within 2 %
+    wide = noisy_run(aa(0.99, 1.0101), threshold=0.005, max_width=4) or ""
+    assert "2.01 % wide" in wide and "(2.00 %)" in wide
+    assert noisy_run(aa(0.99, 1.0101), threshold=0.005, max_width=5) is None   # the multiple is the runner's
+
+
+# the repetitions a target needs, and the cap said separately ---------------------------------------------------
+def test_the_repetitions_needed_are_reported_as_computed_with_the_cap_apart() -> None:
+    capped = repetitions_advice(38_398, run=5, halfwidth=0.005, confidence=0.95, by="A/A control")
+    assert capped["needed"] == 38_398 and capped["capped"] and capped["cap"] == 1000
+    assert capped["recommended"] == 1000
+    assert capped["message"].startswith("5 run; 38,398 needed for +-0.50 % at 95 % confidence (by A/A control)")
+    assert "more than --repetitions accepts (1,000)" in capped["message"]
+    fine = repetitions_advice(24, run=5, halfwidth=0.005, confidence=0.95)
+    assert fine["needed"] == fine["recommended"] == 24 and not fine["capped"]
+    assert fine["message"] == "5 run; 24 needed for +-0.50 % at 95 % confidence; run --repetitions 24"
+    few = repetitions_advice(6, run=5, halfwidth=0.005, confidence=0.95)
+    assert few["needed"] == 6 and few["recommended"] == 10 and "(at least 10)" in few["message"]
+    assert repetitions_advice(6, run=10, halfwidth=0.005, confidence=0.95)["message"].endswith("; enough")
+
+
+def test_the_analysis_reports_the_uncapped_need(runner: Runner) -> None:
+    a = analyze(recorded(NOISY_CPU), runner, "cpu")
+    worst = max(c["repetitions_needed"] for c in a["comparisons"] if "repetitions_needed" in c)
+    assert a["repetitions_needed"] == worst > 1000 and a["repetitions_recommended"] == 1000
+    assert a["repetitions_advice"]["capped"] and f"{worst:,} needed" in a["repetitions_advice"]["message"]
+
+
+# the plot's axes ------------------------------------------------------------------------------------------------
+def test_one_huge_outlier_does_not_stretch_the_axis(runner: Runner) -> None:
+    times = cpu_times(runner, switch=1.05)
+    times["mixed-d5-b4/torch"][3] = 700_000.0  # one stalled repetition, as on the busy machine
+    a = analyze(raw_samples(runner, times), runner, "cpu")
+    meds = [m for c in a["cells"].values() for m in c["per_rep_median"]]
+    lo, hi = axis_range(meds, keep=[c["median"] for c in a["cells"].values()])
+    assert 40 < lo < 50 and 105 < hi < 200  # every median inside, the outlier far outside
+    assert all(lo <= c["median"] <= hi for c in a["cells"].values())
+    quiet_lo, quiet_hi = axis_range([99.0, 100.0, 101.0, 100.5])
+    assert (quiet_lo, quiet_hi) == pytest.approx((98.9, 101.1))  # a quiet run's axis is its data's, 5 % around
+    fig = plot_figure({"analysis": a, "runner": "draft", "device_class": "cpu-test"})
+    left = fig.axes[0]
+    assert left.get_xlim() == pytest.approx((lo, hi))
+    marks = [t.get_text() for t in left.texts]
+    assert marks == ["700,000"] and left.texts[0].xy[0] == pytest.approx(hi)  # at the edge, labelled
+    import matplotlib.pyplot as plt
+    plt.close(fig)
 
 
 def test_invalid_samples_are_left_out_and_counted(runner: Runner) -> None:
@@ -74,17 +165,68 @@ def test_the_device_class_names_what_changes_arithmetic() -> None:
     assert device_class("gpu", {"torch": "2.11.0+cu130", "capability": "9.0"}) == "sm90-torch2.11.0_cu130"
 
 
+def test_the_class_follows_the_capability_torch_dispatches_to() -> None:
+    cpu = {"torch": "2.14.1+cu130", "cpu_capability": "AVX2", "cpu_vendor": "amd", "threads": 2,
+           "env": {"ATEN_CPU_CAPABILITY": "avx2"}}  # as the measuring process reports it under that variable
+    assert device_class("cpu", cpu) == "cpu-avx2-amd-torch2.14.1_cu130-t2"
+    assert (REPO / "manifests" / "digests" / "cpu-avx2-amd-torch2.14.1_cu130-t2.txt").is_file()
+    assert receipt_facts({"environment": cpu})["runtime ATEN_CPU_CAPABILITY"] == "avx2"
+
+
+def receipt(module_sha: str = "1" * 64, torch: str = "2.14.1+cu130") -> dict[str, Any]:
+    """A run receipt's parts that a reference pins, in the shape pipeline.py writes them."""
+    return {"modules": {"hermetic_p2p": {"file": "/r/hermetic_p2p.so", "sha256": module_sha}},
+            "environment": {"python": "3.11.7", "executable": "/usr/bin/python3", "torch": torch,
+                            "torch_cuda": "13.0", "threads": 2, "cpu_capability": "AVX512", "cpu_vendor": "amd",
+                            "env": {"ATEN_CPU_CAPABILITY": None}},
+            "worker": {"sha256": "2" * 64}, "states": {"sha256": "3" * 64}, "runner": {"sha256": "4" * 64}}
+
+
 def test_the_digest_check_matches_records_and_flags(tmp_path: Path) -> None:
     digests = {"s00/d4/torch": "a" * 64, "s01/d4/torch": "b" * 64}
-    unknown = check_digests(digests, tmp_path, "cpu-x", record=False, runner_name="r")
+    now = receipt_facts(receipt())
+    unknown = check_digests(digests, tmp_path, "cpu-x", now=now)
     assert unknown["status"] == "unknown-class" and "--record-digests" in unknown["message"]
-    recorded = check_digests(digests, tmp_path, "cpu-x", record=True, runner_name="r")
-    assert recorded["status"] == "match" and recorded["compared"] == 2 and (tmp_path / "cpu-x.txt").is_file()
-    drifted = check_digests({**digests, "s01/d4/torch": "c" * 64}, tmp_path, "cpu-x", record=False, runner_name="r")
+    assert "compared with nothing, which is not a pass" in unknown["message"]
+    taking = check_digests(digests, tmp_path, "cpu-x", now=now, recording=True)
+    assert taking["status"] == "recorded" and not (tmp_path / "cpu-x.txt").exists()  # written after the receipt
+    (tmp_path / "receipt.json").write_text(json.dumps(receipt()))
+    record_reference(digests, tmp_path, "cpu-x", runner_name="r", receipt=tmp_path / "receipt.json",
+                     receipt_body=receipt())
+    again = check_digests(digests, tmp_path, "cpu-x", now=now)
+    assert again["status"] == "match" and again["compared"] == 2 and again["drift"]["differences"] == []
+    drifted = check_digests({**digests, "s01/d4/torch": "c" * 64}, tmp_path, "cpu-x", now=now)
     assert drifted["status"] == "mismatch" and [m["key"] for m in drifted["mismatches"]] == ["s01/d4/torch"]
-    more = check_digests({**digests, "s02/d4/torch": "d" * 64}, tmp_path, "cpu-x", record=False, runner_name="r")
+    more = check_digests({**digests, "s02/d4/torch": "d" * 64}, tmp_path, "cpu-x", now=now)
     assert more["status"] == "incomplete" and more["missing"] == ["s02/d4/torch"]
     (tmp_path / "cpu-y.txt").write_text("# a comment\ns00/d4/torch not-a-digest\n")
     with pytest.raises(BadInput) as e:
-        check_digests(digests, tmp_path, "cpu-y", record=False, runner_name="r")
+        check_digests(digests, tmp_path, "cpu-y", now=now)
     assert e.value.where == f"{tmp_path / 'cpu-y.txt'}:2"
+
+
+def test_a_drift_report_names_what_differs_from_the_pinned_receipt(tmp_path: Path) -> None:
+    digests = {"s00/d4/torch": "a" * 64}
+    body = receipt()
+    (tmp_path / "receipt.json").write_text(json.dumps(body))
+    record_reference(digests, tmp_path, "cpu-x", runner_name="r", receipt=tmp_path / "receipt.json",
+                     receipt_body=body)
+    _, pin = read_reference(tmp_path / "cpu-x.txt")
+    import hashlib
+    assert pin and pin["receipt"] == "receipt.json"
+    assert pin["receipt_sha256"] == hashlib.sha256((tmp_path / "receipt.json").read_bytes()).hexdigest()
+    assert pin["facts"]["module hermetic_p2p"] == "sha256:" + "1" * 64
+    assert pin["facts"]["runtime torch"] == "2.14.1+cu130" and pin["facts"]["input worker"] == "sha256:" + "2" * 64
+    # the module rebuilt and torch upgraded: the digests drift, and the report says what changed
+    later = receipt_facts(receipt(module_sha="9" * 64, torch="2.15.0+cu130"))
+    drifted = check_digests({"s00/d4/torch": "b" * 64}, tmp_path, "cpu-x", now=later)
+    drift = drifted["drift"]
+    assert drifted["status"] == "mismatch" and drift["pinned"]
+    assert {d["what"] for d in drift["differences"]} == {"module hermetic_p2p", "runtime torch"}
+    assert "modules changed (hermetic_p2p); runtime changed (torch); inputs unchanged" in drift["message"]
+    torch = next(d for d in drift["differences"] if d["what"] == "runtime torch")
+    assert (torch["reference"], torch["now"]) == ("2.14.1+cu130", "2.15.0+cu130")
+    # a reference without a pin says it cannot tell
+    (tmp_path / "cpu-old.txt").write_text("s00/d4/torch " + "a" * 64 + "\n")
+    old = check_digests(digests, tmp_path, "cpu-old", now=later)
+    assert old["status"] == "match" and not old["drift"]["pinned"] and "re-record" in old["drift"]["message"]

@@ -61,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     root: Root | None = None
     try:
         root = Root.locate(getattr(args, "root", None))
-        return COMMANDS[command](root, args, reporter)
+        try:
+            return COMMANDS[command](root, args, reporter)
+        finally:
+            reporter.close()  # the live display stops before any error below is printed
     except HermeticError as e:
         print(e.render(), file=sys.stderr)
         reporter.result(command, False, e.exit_code, error=e.as_record())

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--states", type=Path, metavar="FILE",
                    help="request states to use instead of the runner's (real captures stay where they are)")
     p.add_argument("--record-digests", action="store_true",
-                   help="write this device class's reference digests (manifests/digests/CLASS.txt)")
+                   help="write this device class's reference digests (manifests/digests/CLASS.txt), pinned to "
+                        "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
     _remote_options(p)
     return parser
 

@@ -178,7 +178,8 @@ class Fetcher:
                url: str) -> Downloaded:
         """Stream ``chunks`` into a temp file, hashing as it goes; verify; remove it on any failure."""
         path = fs.new_temp_file(self.tmp_dir, ".fetch-", ".part")
-        task: ProgressTask | None = self.reporter.task(filename, total, "bytes") if self.reporter else None
+        task: ProgressTask | None = (self.reporter.task(filename, total, "bytes", closing_line=False)
+                                     if self.reporter else None)  # the fetch's own event says what it got
         try:
             try:
                 sha256, size = fs.write_hashed(_guarded(chunks), path, fresh=False,

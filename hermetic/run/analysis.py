@@ -1,13 +1,59 @@
 """The statistics of one run's raw samples: per-cell summaries, paired comparisons with their decisions, the
 A/A control, drift across repetitions and the repetitions a target precision needs. Pure: raw results and
-the runner in, a JSON-ready record out (``run.stats`` holds the formulas)."""
+the runner in, a JSON-ready record out (``run.stats`` holds the formulas).
+
+Two rules keep the report honest in a noisy run: when the A/A control fails, no comparison is decided (each
+says ``unclear: noisy run`` and why); and the repetitions a target precision needs are reported as computed,
+with the most ``--repetitions`` accepts stated beside them, never in their place.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from hermetic.run import stats
-from hermetic.run.spec import Runner
+from hermetic.run.spec import REPETITIONS_MAX, Runner
+
+NOISY = "unclear: noisy run"
+RECOMMEND_AT_LEAST = 10  # the sign test's interval reaches 97.9 % with 10 repetitions, 93.75 % with 5
+
+
+# the two rules ---------------------------------------------------------------------------------------------
+def noisy_run(aa: dict[str, Any] | None, *, threshold: float, max_width: float) -> str | None:
+    """Why the run is too noisy to decide anything, or None while its A/A control holds.
+
+    The A/A control measures one cell under two labels, so its true ratio is exactly 1. Its interval must
+    contain 1 and be at most ``max_width`` thresholds wide: an interval that excludes 1 says the run's
+    intervals are too narrow for its noise, and one much wider than the threshold says this run cannot
+    resolve an effect of the threshold's size; either way a decision taken from it would be luck.
+    """
+    if aa is None:
+        return None
+    lo, hi = aa["sign_ci"]
+    where = f"the A/A control's interval [{lo:.4f}, {hi:.4f}]"
+    if not lo <= 1 <= hi:
+        return f"{where} excludes 1 (one cell measured twice, under two labels, disagrees with itself)"
+    if hi - lo > max_width * threshold:
+        return (f"{where} is {100 * (hi - lo):.2f} % wide, more than {max_width:g} x the threshold of "
+                f"{100 * threshold:.2f} % ({100 * max_width * threshold:.2f} %)")
+    return None
+
+
+def repetitions_advice(needed: int, *, run: int, halfwidth: float, confidence: float, by: str | None = None,
+                       cap: int = REPETITIONS_MAX, at_least: int = RECOMMEND_AT_LEAST) -> dict[str, Any]:
+    """The repetitions a target precision needs, as computed; what to run, and the cap, said separately."""
+    recommended = min(max(needed, at_least), cap)
+    target = f"+-{100 * halfwidth:.2f} % at {100 * confidence:g} % confidence"
+    msg = f"{run} run; {needed:,} needed for {target}" + (f" (by {by})" if by else "")
+    if needed > cap:
+        msg += (f". That is more than --repetitions accepts ({cap:,}): at this noise the target is out of reach "
+                f"by repeating; quiet the machine (or widen target_halfwidth) first")
+    elif needed > run or run < at_least:
+        msg += f"; run --repetitions {recommended}" + (f" (at least {at_least})" if needed < at_least else "")
+    else:
+        msg += "; enough"
+    return {"needed": needed, "recommended": recommended, "cap": cap, "capped": needed > cap, "by": by,
+            "message": msg}
 
 
 # statistics ------------------------------------------------------------------------------------------------
@@ -65,14 +111,25 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
                                                              confidence=p.confidence))
         comparisons.append(c)
     aa = comparisons[0] if p.aa_cell and "skipped" not in comparisons[0] else None
-    needed = max((c["repetitions_needed"] for c in comparisons if "repetitions_needed" in c), default=reps)
+    noisy = noisy_run(aa, threshold=p.threshold, max_width=p.aa_max_width)
+    if noisy:
+        for c in comparisons:
+            if "decision" in c:  # what the interval alone would say stays in the results, not in the decision
+                c.update(interval_decision=c["decision"], decision=NOISY, decision_reason=noisy)
+    measured = [c for c in comparisons if "repetitions_needed" in c]
+    worst = max(measured, key=lambda c: c["repetitions_needed"], default=None)
+    advice = repetitions_advice(worst["repetitions_needed"] if worst else reps, run=reps,
+                                halfwidth=p.target_halfwidth, confidence=p.confidence,
+                                by=worst["name"] if worst else None)
     flags = {
-        "aa_noisy": aa is not None and not aa["contains_1"],
+        "aa_noisy": noisy is not None,
         "drift": sorted(k for k, v in cells.items() if v.get("drift") and v["drift"]["flagged"]),
         "invalid_samples": sum(v["invalid"] for v in cells.values()),
         "power_capped_samples": sum(v["power_capped"] for v in cells.values()),
         "other_process_seen": bool(raw["flags"]["other_process_seen"]),
     }
-    return {"cells": cells, "comparisons": comparisons, "aa": aa, "repetitions": reps,
-            "repetitions_recommended": min(max(needed, 10), 1000), "target_halfwidth": p.target_halfwidth,
+    return {"cells": cells, "comparisons": comparisons, "aa": aa, "noisy": noisy, "repetitions": reps,
+            "repetitions_needed": advice["needed"], "repetitions_recommended": advice["recommended"],
+            "repetitions_advice": advice, "target_halfwidth": p.target_halfwidth,
+            "aa_max_width": p.aa_max_width, "threshold": p.threshold,
             "flags": flags, "invalid": flags["other_process_seen"]}

@@ -135,6 +135,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
     depths, batches, kernels = plan["check_depths"], plan["check_batches"], plan["kernels"]
     total = len(kernels) * len(depths) * len(batches) * n
     done = 0
+    say("progress", phase="checks", done=0, total=total)
 
     def get(graph: str, depth: int, batch: int, k: str) -> Any:
         key = (graph, depth, batch, k)
@@ -237,15 +238,16 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
         return dev_us, (t1 - t0) / 1000.0, clk0, clk1, rsn0, rsn1
 
     # warm-up: every label, at least warmup_calls each and warmup_seconds in all
+    say("progress", phase="warm-up", done=0, total=None)
     t_end = time.monotonic() + proto["warmup_seconds"]
     rounds = 0
     while rounds < proto["warmup_calls"] or time.monotonic() < t_end:
         for _, c in labels:
             one(c)
         rounds += 1
+        say("progress", phase="warm-up", done=rounds, total=None)
         if rounds > 10_000:
             break
-    say("progress", phase="warm-up", done=rounds, total=rounds)
 
     samples: list[dict[str, Any]] = []
     blocks: list[dict[str, Any]] = []
@@ -253,6 +255,7 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
     mine = set(plan.get("own_gpu_pids", [])) | {os.getpid()}
     reps = proto["repetitions"]
     total_blocks = reps * len(labels)
+    say("progress", phase="measure", done=0, total=total_blocks)
     for rep in range(reps):
         order = labels if rep % 2 == 0 else labels[::-1]
         for pos, (label, call) in enumerate(order):
@@ -358,8 +361,8 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0),
         "modules": {name: getattr(m, "__file__", None) for name, m in modules.items()},
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
-                                               "CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                                               "HOME", "TMPDIR", "PYTHONPATH")},
+                                               "ATEN_CPU_CAPABILITY", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
+                                               "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH")},
     }
     if plan["device"] == "cuda":
         p = torch.cuda.get_device_properties(0)
@@ -371,6 +374,7 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         plan = json.load(f)
+    say("progress", phase="load", done=0, total=1)  # importing torch and the modules takes seconds
     import torch
     torch.set_num_threads(plan["threads"])
     modules: dict[str, Any] = {}

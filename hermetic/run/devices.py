@@ -59,14 +59,16 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
                          hint=f"the lock folder is {directory} (HERMETIC_LOCK_DIR, else gpu.lock_dir, else the "
                               f"first of {', '.join(DEFAULT_LOCK_DIRS)} whose parent is writable)") or e from None
     if not got:
-        holder = ""
-        try:
-            holder = path.read_text().strip()
-        except OSError:
-            pass
+        holder = _holder(path)
         reporter.event("lock-wait", f"waiting up to {timeout:g} s for {what} ({path}"
-                                    f"{'; held by ' + holder if holder else ''})", path=str(path))
-        lock.acquire()
+                                    f"{'; held by ' + holder if holder else ''})", path=str(path), holder=holder)
+        wait = reporter.wait(f"waiting for {what}", timeout, _held_by(holder))
+        try:  # the row says who holds it now (the holder may change while we wait), waited and left
+            lock.acquire(on_wait=lambda waited: wait.update(waited, _held_by(_holder(path))))
+        except BaseException:
+            wait.close()
+            raise
+        wait.close(f"took the lock on {what} after {time.monotonic() - t0:.1f} s")
     lock.note(f"pid {os.getpid()} on {socket.gethostname()} since "
               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
     try:
@@ -74,6 +76,18 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
     except OSError:
         pass
     return lock, time.monotonic() - t0
+
+
+def _holder(path: Path) -> str:
+    """Who holds a lock, as its holder wrote it into the file ("pid N on HOST since TIME"), or ""."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _held_by(holder: str) -> str:
+    return f"held by {holder}" if holder else "holder unknown"
 
 
 def gpu_preconditions(runner: Runner, realized: list[dict[str, Any]], index: int, spec: Any, *,

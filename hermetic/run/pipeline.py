@@ -31,7 +31,7 @@ from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.run.analysis import analyze
 from hermetic.run.devices import cpu_facts, gpu_preconditions, lock_dir, pick_device, take_lock
-from hermetic.run.digests import check_digests, device_class
+from hermetic.run.digests import check_digests, device_class, receipt_facts, record_reference
 from hermetic.run.spec import Runner, load_runner
 from hermetic.store import entry_ref
 
@@ -80,8 +80,9 @@ def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, An
         "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "HERMETIC_ROOT": str(root.path),
     })
-    if os.environ.get("CUDA_MODULE_LOADING"):  # recorded, not changed
-        env["CUDA_MODULE_LOADING"] = os.environ["CUDA_MODULE_LOADING"]
+    for key in ("CUDA_MODULE_LOADING", "ATEN_CPU_CAPABILITY"):  # passed on and recorded, never set by us
+        if os.environ.get(key):  # ATEN_CPU_CAPABILITY=avx2 lowers torch's CPU dispatch, and with it the class
+            env[key] = os.environ[key]
     # the driver's libraries (libcuda, libnvidia-ml) may live on the host's library path; a system CUDA
     # toolkit's folders never pass
     kept = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
@@ -138,7 +139,10 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
             return
         if rec.get("event") == "progress":
             phase = rec["phase"]
-            if phase not in tasks:
+            if phase not in tasks:  # a phase begins: the one before it has ended, its bar finished and stopped
+                for t, _ in tasks.values():
+                    t.close()
+                tasks.clear()
                 tasks[phase] = [reporter.task(f"run {phase}", rec.get("total"), "steps"), 0]
             t = tasks[phase]
             t[0].advance(rec["done"] - t[1])
@@ -291,7 +295,9 @@ class Measurement:
         t = time.monotonic()
         analysis = analyze(raw, runner, kind)
         cls = device_class(kind, raw["environment"])
-        dig = check_digests(raw["digests"], runner.digests, cls, record=self.record_digests, runner_name=runner.name)
+        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]))
+        dig = check_digests(raw["digests"], runner.digests, cls, now=receipt_facts(self.body),
+                            recording=self.record_digests)
         exact = raw["exactness"]
         checks = {"exactness": {"comparisons": exact["comparisons"], "mismatches": len(exact["mismatches"]),
                                 "passed": not exact["mismatches"]},
@@ -308,14 +314,15 @@ class Measurement:
                         "blocks": raw["blocks"], "samples": raw["samples"]}
         self.digests = dig
         self.body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
-                         environment=raw["environment"],
                          summary={"cells": {k: {"median_us": v.get("median"), "rel_iqr": v.get("rel_iqr"),
                                                 "n": v["n"]} for k, v in analysis["cells"].items()},
                                   "comparisons": [{k: c.get(k) for k in ("name", "a", "b", "ratio", "sign_ci",
                                                                          "sign_confidence", "bootstrap_ci",
                                                                          "decision", "skipped")}
                                                   for c in analysis["comparisons"]],
+                                  "noisy": analysis["noisy"],
                                   "repetitions": analysis["repetitions"],
+                                  "repetitions_needed": analysis["repetitions_needed"],
                                   "repetitions_recommended": analysis["repetitions_recommended"]},
                          flags=self.results["flags"], p2p=raw.get("p2p"))
         self.timings["analysis"] = round(time.monotonic() - t, 3)
@@ -341,7 +348,21 @@ class Measurement:
         receipt = self.root.receipts / f"run-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{digest}.json"
         fs.atomic_write_json(receipt, self.body, pretty=True)
         fs.atomic_write_json(self.run_dir / "receipt.json", self.body, pretty=True)
+        if self.raw is not None and self.record_digests:  # last: the reference pins the receipt just written
+            path = record_reference(self.raw["digests"], self.runner.digests, self.body["device_class"],
+                                    runner_name=name, receipt=receipt, receipt_body=self.body)
+            self.reporter.event("run-record", f"recorded {len(self.raw['digests'])} reference digests in {path}, "
+                                              f"pinned to receipt {receipt.name}", path=str(path))
         return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
+
+
+def _module_hashes(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The file and sha256 of every module the measuring process imported (a reference digest pins them)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, file in sorted(env.get("modules", {}).items()):
+        p = Path(file) if file else None
+        out[name] = {"file": file, "sha256": fs.sha256_file(p)[0] if p and p.is_file() else None}
+    return out
 
 
 def _audit(root: Root) -> Any:
@@ -367,6 +388,8 @@ def _audit_finish(audit: Any, ldir: Path) -> dict[str, Any]:
 
 def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any]) -> None:
     a = results["analysis"]
+    if a.get("noisy"):  # first: it changes how everything after it reads
+        reporter.warn(f"noisy run, no comparison decided: {a['noisy']}")
     for label, c in a["cells"].items():
         if c["n"]:
             reporter.event("run-cell", f"  {label:32s} median {c['median']:10.1f} us  IQR {100 * c['rel_iqr']:5.2f} %"
@@ -384,6 +407,11 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
                                  f"{dig['status']}")
     if dig["status"] == "unknown-class":
         reporter.warn(dig["message"])
+    if dig.get("previous") == "mismatch":
+        reporter.warn(f"the reference digests replaced did not match this run ({len(dig['mismatches'])} drifted)")
+    if dig.get("drift") and dig["status"] != "recorded" and (dig["status"] == "mismatch"
+                                                             or dig["drift"]["differences"]):
+        reporter.event("run-drift", f"  {dig['drift']['message']}")
     for m in results["exactness_mismatches"][:20]:
         reporter.event("run-drift", f"  drifted: {m['check']} kernels={m['kernels']} depth={m['depth']} "
                                     f"batch={m['batch']} state={m['state']} mask={m['mask']} row={m['row']} "
@@ -392,8 +420,6 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
         reporter.event("run-drift", f"  digest drifted: {m['key']} expected {m['expected'][:16]} "
                                     f"found {m['found'][:16]}")
     f = results["flags"]
-    if f.get("aa_noisy"):
-        reporter.warn("the A/A control's interval excludes 1: this run is noisy")
     if f.get("drift"):
         reporter.warn(f"drift across repetitions in: {', '.join(f['drift'])}")
     if f.get("other_process_seen"):
@@ -404,5 +430,4 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
                                   f"{p2p['extension_peer_copy']['gb_per_s']:.1f} GB/s vs copy engine "
                                   f"{p2p['copy_engine']['gb_per_s']:.1f} GB/s "
                                   f"(ratio {p2p['peer_vs_copy_engine']:.3f}); exact: {p2p['peer_copy_exact']}")
-    reporter.event("run-reps", f"repetitions: {a['repetitions']} run, {a['repetitions_recommended']} recommended "
-                               f"for +-{100 * a['target_halfwidth']:.2f} % at the target confidence")
+    reporter.event("run-reps", f"repetitions: {a['repetitions_advice']['message']}")

@@ -1,14 +1,25 @@
-"""The run's human outputs: a short Markdown report and a PNG plot, both from results.json alone."""
+"""The run's human outputs: a short Markdown report and a PNG plot, both from results.json alone.
+
+What most changes a reader's conclusion comes first: a noisy run says so before anything else. The plot's axes
+are robust: they span the central values (and every median and ratio), and what lies beyond is drawn at the
+edge, marked and labelled with its value, so one stalled repetition cannot squeeze the medians into a pixel.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hermetic import fs
 from hermetic.root import Root
+from hermetic.run import stats
 from hermetic.run.spec import Runner
+
+CENTRAL = (0.1, 0.9)  # the quantiles an axis is built around
+REACH = 1.0           # and how far past them it reaches, in multiples of their spread
 
 
 def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path | None) -> Path:
@@ -16,18 +27,25 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
     env = results["environment"]
     chk = results["checks"]
     unit = "GPU time per call (CUDA events)" if results["device"] == "gpu" else "time per call (monotonic clock)"
-    lines = [f"# hermetic run: {runner.name} on the {results['device']}", "",
-             f"Device class `{results['device_class']}`; torch {env['torch']} (CUDA {env['torch_cuda']}), "
-             f"Python {env['python']}, {env['threads']} threads, CPUs {_ranges(env['affinity'])}"
-             + (f"; {env['gpu_name']} (sm {env['capability']})" if env.get("gpu_name") else "") + ".",
-             f"{a['repetitions']} repetitions, cells interleaved and reversed every repetition; {unit}; "
-             "the first call of every block discarded.", "",
-             "## Checks", "",
-             f"* exactness: {chk['exactness']['comparisons']} comparisons of the switch-enabled graph against "
-             f"the original, {chk['exactness']['mismatches']} mismatches -> "
-             f"**{'pass' if chk['exactness']['passed'] else 'FAIL'}**",
-             f"* digests ({chk['digests']['class']}): **{chk['digests']['status']}** "
-             f"({chk['digests'].get('compared', 0)} compared, {chk['digests']['mismatches']} drifted)", ""]
+    lines = [f"# hermetic run: {runner.name} on the {results['device']}", ""]
+    if a.get("noisy"):
+        lines += [f"**Noisy run: no comparison is decided.** {a['noisy'][0].upper()}{a['noisy'][1:]}; every "
+                  f"comparison below says `unclear: noisy run` (what its interval alone would say is kept in "
+                  f"results.json as `interval_decision`). Rerun on a quieter machine. Repetitions: "
+                  f"{a['repetitions_advice']['message']}.", ""]
+    lines += [f"Device class `{results['device_class']}`; torch {env['torch']} (CUDA {env['torch_cuda']}), "
+              f"Python {env['python']}, {env['threads']} threads, CPUs {_ranges(env['affinity'])}"
+              + (f"; {env['gpu_name']} (sm {env['capability']})" if env.get("gpu_name") else "") + ".",
+              f"{a['repetitions']} repetitions, cells interleaved and reversed every repetition; {unit}; "
+              "the first call of every block discarded.", "",
+              "## Checks", "",
+              f"* exactness: {chk['exactness']['comparisons']} comparisons of the switch-enabled graph against "
+              f"the original, {chk['exactness']['mismatches']} mismatches -> "
+              f"**{'pass' if chk['exactness']['passed'] else 'FAIL'}**",
+              f"* digests ({chk['digests']['class']}): **{chk['digests']['status']}** "
+              f"({chk['digests'].get('compared', 0)} compared, {chk['digests']['mismatches']} drifted)"]
+    lines += [f"  {line}" for line in digest_notes(results)]
+    lines.append("")
     mism = results["exactness_mismatches"]
     if mism:
         lines += ["| check | kernels | depth | batch | state | mask | row | positions |",
@@ -59,17 +77,14 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
             continue
         lines.append(f"| {c['name']} | {c['a']} | {c['b']} | {c['ratio']:.4f} | [{c['sign_ci'][0]:.4f}, "
                      f"{c['sign_ci'][1]:.4f}] ({100 * c['sign_confidence']:.1f} %) | [{c['bootstrap_ci'][0]:.4f}, "
-                     f"{c['bootstrap_ci'][1]:.4f}] | {c['decision']} | {c['repetitions_needed']} |")
+                     f"{c['bootstrap_ci'][1]:.4f}] | {c['decision']} | {c['repetitions_needed']:,} |")
     f = results["flags"]
-    lines += ["", "## Flags", "",
-              f"* A/A control: {'**noisy** (interval excludes 1)' if f.get('aa_noisy') else 'interval contains 1'}"
-              + (f", width {100 * a['aa']['width']:.2f} %" if a.get("aa") else ""),
+    lines += ["", "## Flags", "", "* A/A control: " + _aa_line(a),
               f"* drift across repetitions: {', '.join(f['drift']) if f.get('drift') else 'none flagged'}",
               f"* invalid samples (thermal / hardware slowdown): {f.get('invalid_samples', 0)}; power-capped: "
               f"{f.get('power_capped_samples', 0)}",
               f"* other compute process seen: {'**yes: run invalid**' if f.get('other_process_seen') else 'no'}",
-              f"* repetitions: {a['repetitions']} run; {a['repetitions_recommended']} recommended for "
-              f"+-{100 * a['target_halfwidth']:.2f} % (at least 10)", ""]
+              f"* repetitions: {a['repetitions_advice']['message']}", ""]
     p2p = results.get("p2p")
     if p2p and "skipped" not in p2p:
         lines += ["", f"## P2P between two GPUs ({p2p['bytes'] >> 20} MiB, median of {p2p['repetitions']})", "",
@@ -82,8 +97,6 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
                           ("copy_engine_local", "device-local copy engine (torch copy_)")):
             lines.append(f"| {name} | {p2p[key]['gb_per_s']:.1f} | {p2p[key]['median_s']:.6f} |")
         lines.append("")
-    if f.get("unknown_digest_class"):
-        lines.append(f"* no reference digests for `{results['device_class']}`: `--record-digests` records them")
     if plot:
         lines += ["", f"![per-repetition medians and ratios]({plot.name})", ""]
     fs.atomic_write(path, ("\n".join(lines) + "\n").encode())
@@ -101,41 +114,118 @@ def _ranges(cpus: list[int]) -> str:
     return ",".join(out)
 
 
-def write_plot(path: Path, results: dict[str, Any], root: Root) -> Path | None:
-    """Per-repetition medians of every cell (left) and the comparisons' ratios with intervals (right)."""
-    os.environ.setdefault("MPLCONFIGDIR", str(root.home / ".cache" / "matplotlib"))  # its cache stays inside
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+def _aa_line(a: dict[str, Any]) -> str:
+    aa = a.get("aa")
+    if aa is None:
+        return "none measured: nothing checks this run's intervals against its noise"
+    lo, hi = aa["sign_ci"]
+    rule = (f"it must contain 1 and be at most {a['aa_max_width']:g} x the threshold wide "
+            f"({100 * a['aa_max_width'] * a['threshold']:.2f} %)")
+    if a.get("noisy"):
+        return f"**failed**: {a['noisy']}; {rule}"
+    return f"holds: interval [{lo:.4f}, {hi:.4f}], width {100 * (hi - lo):.2f} % ({rule})"
+
+
+def digest_notes(results: dict[str, Any]) -> list[str]:
+    """What the digest check's status means, and, against a pinned reference, what changed since it."""
+    dig = results["checks"]["digests"]
+    notes = []
+    if dig["status"] == "unknown-class":
+        notes.append(f"{dig['message']}.")
+    elif dig["status"] == "recorded":
+        was = {"match": "the reference it replaces matched", "mismatch": "the reference it replaces **did not**",
+               "incomplete": "the reference it replaces lacked some keys"}.get(dig.get("previous", ""),
+                                                                                 "there was no reference before")
+        notes.append(f"recorded as the reference of this class, pinned to this run's receipt ({was}).")
+    drift = dig.get("drift")
+    if drift and dig["status"] != "recorded" and (dig["status"] == "mismatch" or drift["differences"]
+                                                  or not drift["pinned"]):
+        notes.append(f"{drift['message'][0].upper()}{drift['message'][1:]}.")
+        notes += [f"* {d['what']}: reference `{d['reference']}`, now `{d['now']}`" for d in drift["differences"]]
+    return notes
+
+
+# the plot --------------------------------------------------------------------------------------------------
+def axis_range(values: Iterable[float], *, keep: Sequence[float] = (), central: tuple[float, float] = CENTRAL,
+               reach: float = REACH) -> tuple[float, float]:
+    """An axis one wild value cannot stretch: the central quantiles of ``values`` widened by ``reach`` times
+    their spread, always holding every value of ``keep`` (medians, point ratios, 1), and never wider than the
+    values themselves need (a quiet run's axis is just its data's)."""
+    finite = [v for v in values if math.isfinite(v)]
+    kept = [v for v in keep if math.isfinite(v)]
+    if not finite and not kept:
+        return 0.0, 1.0
+    base = finite or kept
+    lo = min([stats.quantile(base, central[0]), *kept])
+    hi = max([stats.quantile(base, central[1]), *kept])
+    reach_by = reach * (hi - lo or abs(hi) * 0.01 or 1.0)
+    inside = [v for v in finite if lo - reach_by <= v <= hi + reach_by] + kept
+    lo, hi = min(inside), max(inside)
+    margin = 0.05 * (hi - lo or abs(hi) * 0.01 or 1.0)
+    return lo - margin, hi + margin
+
+
+def _clipped(ax: Any, xs: Sequence[float], y: float, lo: float, hi: float, **style: Any) -> None:
+    """Points inside the axis as they are; those beyond it at its edge, as red arrows labelled with their
+    value (outliers marked, never dropped)."""
+    inside = [x for x in xs if lo <= x <= hi]
+    if inside:
+        ax.scatter(inside, [y] * len(inside), **style)
+    for x in xs:
+        if math.isfinite(x) and not lo <= x <= hi:
+            edge, marker, align = (hi, ">", "right") if x > hi else (lo, "<", "left")
+            ax.scatter([edge], [y], marker=marker, color="red", s=30, zorder=4)
+            value = f"{x:,.0f}" if abs(x) >= 100 else f"{x:.4g}"
+            ax.annotate(value, (edge, y), xytext=(0, 6), textcoords="offset points", fontsize=7, color="red",
+                        ha=align)
+
+
+def plot_figure(results: dict[str, Any]) -> Any:
+    """Per-repetition medians of every cell (left) and the comparisons' ratios with intervals (right), on
+    robust axes (``axis_range``)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     a = results["analysis"]
     labels = [k for k, v in a["cells"].items() if v["n"]]
     comps = [c for c in a["comparisons"] if "skipped" not in c]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, max(3.0, 0.45 * max(len(labels), len(comps)) + 1.5)))
+    meds = {label: a["cells"][label]["per_rep_median"] for label in labels}
+    lo, hi = axis_range([m for v in meds.values() for m in v], keep=[a["cells"][k]["median"] for k in labels])
     for i, label in enumerate(labels):
-        meds = a["cells"][label]["per_rep_median"]
-        left.scatter(meds, [i] * len(meds), s=14, alpha=0.7)
+        _clipped(left, meds[label], i, lo, hi, s=14, alpha=0.7)
         left.plot([a["cells"][label]["median"]] * 2, [i - 0.3, i + 0.3], color="black")
+    left.set_xlim(lo, hi)
     left.set_yticks(range(len(labels)), labels, fontsize=8)
-    left.set_xlabel("per-repetition median, us")
+    left.set_xlabel("per-repetition median, us (values beyond the axis: red arrows, labelled)")
     left.set_title("cells")
+    thr = a.get("threshold", comps[0]["threshold"] if comps else 0.005)
+    ends = [x for c in comps for x in (*c["sign_ci"], *c["bootstrap_ci"], *c["ratios"])]
+    rlo, rhi = axis_range(ends, keep=[1 - thr, 1 + thr, *(c["ratio"] for c in comps)])
     for i, c in enumerate(comps):
-        lo, hi = c["sign_ci"]
-        right.plot([lo, hi], [i, i], color="tab:blue", linewidth=3)
-        blo, bhi = c["bootstrap_ci"]
-        right.plot([blo, bhi], [i + 0.15, i + 0.15], color="tab:orange", linewidth=1.5)
-        right.scatter(c["ratios"], [i - 0.15] * len(c["ratios"]), s=10, color="gray")
+        for (clo, chi), dy, style in ((c["sign_ci"], 0.0, {"color": "tab:blue", "linewidth": 3}),
+                                      (c["bootstrap_ci"], 0.15, {"color": "tab:orange", "linewidth": 1.5})):
+            right.plot([max(clo, rlo), min(chi, rhi)], [i + dy, i + dy], **style)
+        _clipped(right, c["ratios"], i - 0.15, rlo, rhi, s=10, color="gray")
         right.scatter([c["ratio"]], [i], color="black", zorder=3)
+    right.set_xlim(rlo, rhi)
     right.axvline(1.0, color="black", linewidth=0.8)
-    thr = comps[0]["threshold"] if comps else 0.005
     right.axvspan(1 - thr, 1 + thr, color="green", alpha=0.1)
     right.set_yticks(range(len(comps)), [c["name"] for c in comps], fontsize=8)
     right.set_xlabel("ratio b/a: sign-test CI (blue), bootstrap (orange), per rep. (gray)")
-    right.set_title("paired comparisons")
+    right.set_title("paired comparisons" + (" (noisy run: none decided)" if a.get("noisy") else ""))
     fig.suptitle(f"{results['runner']} on {results['device_class']}")
     fig.tight_layout()
+    return fig
+
+
+def write_plot(path: Path, results: dict[str, Any], root: Root) -> Path | None:
+    os.environ.setdefault("MPLCONFIGDIR", str(root.home / ".cache" / "matplotlib"))  # its cache stays inside
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig = plot_figure(results)
     with fs.atomic_output(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)

@@ -19,6 +19,7 @@ from hermetic.tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key
 
 MASKS = ("greedy", "alternate", "alternate-odd", "sampled")
 GRAPHS = ("original", "switch")
+REPETITIONS_MAX = 1000                # what --repetitions and [protocol] repetitions accept
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Protocol:
     target_halfwidth: float = 0.005
     confidence: float = 0.95
     aa_cell: str = ""
+    aa_max_width: float = 4.0         # the widest A/A interval that still decides, in thresholds
     cpu_lock_timeout: float = 600.0
 
 
@@ -111,8 +113,8 @@ class Runner:
                        lock_timeout: float | None = None, states: Path | None = None) -> Runner:
         r = self
         if repetitions is not None:
-            if not 2 <= repetitions <= 1000:
-                raise BadInput(f"--repetitions must be 2-1000, found {repetitions}", where="--repetitions",
+            if not 2 <= repetitions <= REPETITIONS_MAX:
+                raise BadInput(f"--repetitions must be 2-{REPETITIONS_MAX}, found {repetitions}", where="--repetitions",
                                hint="at least 2 (paired ratios), 10 or more for decisions")
             r = replace(r, protocol=replace(r.protocol, repetitions=repetitions))
         if power_cap_w is not None:
@@ -270,8 +272,8 @@ def _device(doc: TomlDoc, folder: Path, data: dict[str, Any], kind: str, modules
 def _protocol(doc: TomlDoc, t: dict[str, Any]) -> Protocol:
     kp: KeyPath = ("protocol",)
     check_keys(doc, t, {"repetitions", "calls", "warmup_calls", "warmup_seconds", "threshold",
-                        "target_halfwidth", "confidence", "aa_cell", "cpu_lock_timeout"}, kp)
-    return Protocol(repetitions=int(_number(doc, t, "repetitions", kp, 2, 1000, 5)),
+                        "target_halfwidth", "confidence", "aa_cell", "aa_max_width", "cpu_lock_timeout"}, kp)
+    return Protocol(repetitions=int(_number(doc, t, "repetitions", kp, 2, REPETITIONS_MAX, 5)),
                     calls=int(_number(doc, t, "calls", kp, 1, 10000, 10)),
                     warmup_calls=int(_number(doc, t, "warmup_calls", kp, 0, 10000, 3)),
                     warmup_seconds=_number(doc, t, "warmup_seconds", kp, 0, 600, 1.0),
@@ -279,6 +281,7 @@ def _protocol(doc: TomlDoc, t: dict[str, Any]) -> Protocol:
                     target_halfwidth=_number(doc, t, "target_halfwidth", kp, 0.0001, 0.5, 0.005),
                     confidence=_number(doc, t, "confidence", kp, 0.5, 0.999, 0.95),
                     aa_cell=get_key(doc, t, "aa_cell", str, kp) or "",
+                    aa_max_width=_number(doc, t, "aa_max_width", kp, 1, 100, 4.0),
                     cpu_lock_timeout=_number(doc, t, "cpu_lock_timeout", kp, 0, 7 * 86400, 600))
 
 

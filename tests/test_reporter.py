@@ -1,0 +1,79 @@
+"""The reporter on a real pseudo-terminal: one live display for the command, each phase's bar finished,
+stopped and left as one line, a wait row that moves. (test_run.py drives the same display through a real
+`hermetic run` waiting for a real lock.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import time
+
+from hermetic.reporter import Reporter
+from tests.support.terminal import PtyReader, screen
+
+
+def test_each_phase_is_seen_once_and_the_wait_row_moves() -> None:
+    term = PtyReader()
+    stream = os.fdopen(os.dup(term.slave), "w")
+    r = Reporter(stderr=stream)
+    assert r.interactive
+    r.event("start", "realized p2p")
+    wait = r.wait("waiting for the GPU's lock", 10, "held by pid 7 on h since T")
+    for waited in (1, 2, 3):
+        wait.update(waited, "held by pid 7 on h since T")
+        time.sleep(0.4)  # the display redraws 4 times a second
+    wait.close("took the lock on the GPU after 3.0 s")
+    for phase, total in (("run load", 1), ("run checks", 8), ("run measure", 25)):
+        task = r.task(phase, total, "steps")
+        for _ in range(total):
+            task.advance(1)
+        time.sleep(0.3)
+        r.event("note", f"inside {phase}")  # printed above the display, not into it
+        task.close()
+    fetch_a, fetch_b = r.task("a.whl", 100, "bytes", closing_line=False), r.task("b.whl", 50, "bytes")
+    fetch_a.advance(100)
+    fetch_b.advance(50)
+    time.sleep(0.3)  # two rows at once, in the one display
+    fetch_a.close()
+    fetch_b.close()
+    r.event("end", "done")
+    r.close()
+    stream.close()
+    raw = term.finish()
+
+    # the wait row said who holds the lock and moved: waited up, left down
+    moves = re.findall(r"(\d+) s waited, (\d+) s left", raw)
+    assert {("1", "9"), ("2", "8"), ("3", "7")} <= set(moves)
+    assert "held by pid 7 on h since T" in raw
+    assert "━" in raw  # bars were drawn (rich's bar glyph)
+    lines = screen(raw)
+    assert lines[0] == "realized p2p" and lines[1] == "took the lock on the GPU after 3.0 s"
+    for phase, total in (("run load", 1), ("run checks", 8), ("run measure", 25)):
+        finished = [ln for ln in lines if ln.startswith(phase)]
+        assert len(finished) == 1, lines
+        assert re.fullmatch(rf"{phase}: done, {total} steps of {total} steps in \d+\.\d s", finished[0])
+        assert lines.index(f"inside {phase}") == lines.index(finished[0]) - 1
+    assert [ln for ln in lines if "whl" in ln] == ["b.whl: done, 50 B of 50 B in 0.3 s"]
+    assert lines[-1] == "done"
+    assert not [ln for ln in lines if "━" in ln or "waited" in ln]  # no bar or wait row is left behind
+
+
+def test_without_a_terminal_a_wait_is_plain_lines_with_the_time_waited_and_left() -> None:
+    err, out = io.StringIO(), io.StringIO()
+    plain = Reporter(stderr=err)
+    assert not plain.interactive
+    wait = plain.wait("waiting for the GPU's lock", 60, "held by pid 7")
+    wait.last -= 20  # as if the last line were 20 s ago
+    wait.update(20.0, "held by pid 8")
+    wait.close("took the lock after 21.0 s")
+    assert err.getvalue().splitlines() == ["still waiting for the GPU's lock (held by pid 8): 20 s waited, 40 s left",
+                                           "took the lock after 21.0 s"]
+    records = Reporter(json_mode=True, stdout=out, stderr=io.StringIO())
+    wait = records.wait("waiting for the GPU's lock", 60)
+    wait.last -= 20
+    wait.update(20.0, "held by pid 8")
+    (rec,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert rec["event"] == "waiting" and rec["waited_s"] == 20.0 and rec["left_s"] == 40.0
+    assert rec["detail"] == "held by pid 8"
