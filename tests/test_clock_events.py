@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
 from hermetic.run.child import INVALIDATING_REASONS, POWER_CAP_REASONS, reason_mask
 
 BOARD_LIMIT, RELIABILITY, HW_SLOWDOWN, SW_POWER_CAP, GPU_IDLE, APP_CLOCKS = 0x200, 0x400, 0x8, 0x4, 0x1, 0x2
