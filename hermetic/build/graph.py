@@ -175,6 +175,8 @@ class Graph:
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         self.units = _units(self.jobs)
+        for job in self.jobs:  # compiles may change files from here on: hash as they are
+            job.cache.hasher.live()
         n_jobs = self.recipe.limits.jobs
         self.report = {"jobs": n_jobs, "compiles": 0, "waited": 0, "predicted_to_wait": 0, "mispredicted": 0,
                        "phases": [], "scan_s": 0.0, "compile_span_s": 0.0, "busy": None, "critical_path": None,

@@ -96,12 +96,29 @@ class InputHasher:
     """Content hashes of input files (raw, comment-stripped, and whether time macros occur), trusted while each
     file's stat fingerprint is unchanged: root's ``hashes`` cache."""
 
-    def __init__(self, root: Root) -> None:
+    def __init__(self, root: Root, *, snapshot: bool = False) -> None:
         self.table = fs.FingerprintTable(root.cache_dir("hashes") / "inputs.json")
         self.rehashed = 0
+        # ``snapshot``: while a realize plans, each file is stat'ed once, however many object records name it
+        # (each of exllamav3's 388 names about 2,000 files, most of them torch's headers: docs/builds.md, "A
+        # fresh checkout"). Off from the first compile on: an object's record must hash its inputs as they
+        # are once it is compiled (``live``).
+        self.snapshot: dict[tuple[str, bool], list[Any] | None] | None = {} if snapshot else None
+
+    def live(self) -> None:
+        """From now on every hash checks the file's fingerprint again (compiles are about to change files)."""
+        self.snapshot = None
 
     def _fact(self, path: str, *, stripped: bool) -> list[Any] | None:
         """[sha256 of the bytes, sha256 of the stripped bytes or None, temporal or None]; None if it is gone."""
+        if self.snapshot is None:
+            return self._read(path, stripped=stripped)
+        key = (path, stripped)
+        if key not in self.snapshot:
+            self.snapshot[key] = self._read(path, stripped=stripped)
+        return self.snapshot[key]
+
+    def _read(self, path: str, *, stripped: bool) -> list[Any] | None:
         fp, fact = self.table.get(path)
         if fp is None:
             return None
@@ -191,6 +208,7 @@ class ObjectCache:
         self.root, self.store, self.toolchain, self.env = root, store, toolchain, env
         self.host, self.pmap = host, pmap
         self.hasher = hasher or InputHasher(root)   # one per realize: every module's caches share its table
+        self._local: dict[str, str] = {}            # canonical input path -> this build's path
         self._scan: dict[tuple[str, str], bool] = {}
 
     def _env(self, c: Compile) -> dict[str, str]:
@@ -205,7 +223,10 @@ class ObjectCache:
 
     def input_hash(self, path: str, mode: str) -> str | None:
         """The hash now of a recorded (canonical) input, read from this build's folders."""
-        return self.hasher.hash(self.pmap.local_path(path), mode)
+        local = self._local.get(path)
+        if local is None:
+            local = self._local[path] = self.pmap.local_path(path)
+        return self.hasher.hash(local, mode)
 
     def find(self, c: Compile) -> ObjectChoice:
         """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""

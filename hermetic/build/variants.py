@@ -100,7 +100,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
     jobs: list[ModuleJob] = []
-    hasher = InputHasher(root)
+    hasher = InputHasher(root, snapshot=True)  # each input stat'ed once while planning (build.graph ends it)
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
             trees = {}
