@@ -264,6 +264,9 @@ class FileLock:
             while True:
                 try:
                     fcntl.flock(fd, op | fcntl.LOCK_NB)
+                    if not self._current(fd):
+                        fd = self._reopen(fd)
+                        continue
                     self.fd = fd
                     return True
                 except BlockingIOError:
@@ -272,6 +275,9 @@ class FileLock:
                         return False
                     if deadline is None and on_wait is None:
                         fcntl.flock(fd, op)
+                        if not self._current(fd):
+                            fd = self._reopen(fd)
+                            continue
                         self.fd = fd
                         return True
                     now = time.monotonic()
@@ -288,6 +294,27 @@ class FileLock:
             if self.fd is None:
                 os.close(fd)
             raise
+
+    def _current(self, fd: int) -> bool:
+        """Whether the file locked through ``fd`` is still the one at the path: its holder may have removed
+        it (``remove``) while this process waited, and a lock on a removed file excludes nobody."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+    def _reopen(self, fd: int) -> int:
+        os.close(fd)
+        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def remove(self) -> None:
+        """Unlink the lock file while holding it (before ``release``): a waiter wakes on the removed file,
+        sees that it is no longer the one at the path and takes the lock again on a new one."""
+        assert self.fd is not None, "remove() on a lock not held"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
     def note(self, text: str) -> None:
         """Say in the held lock file who holds it (for the next one who waits): written through the lock's own

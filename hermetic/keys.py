@@ -30,6 +30,14 @@ VALUE_OPTS = frozenset({
     "-odir", "-optf", "--options-file", "-Xclang"})
 
 
+UNPACKER_VERSION = 1
+
+
+def unpacked_key(wheel_sha256: str) -> str:
+    """The key of a wheel's unpacked entry: the unpacker's version and the wheel's sha256 (docs/layout.md)."""
+    return sha256_bytes(f"unpacked-v{UNPACKER_VERSION}\0{wheel_sha256}".encode())
+
+
 def split_defines(argv: Sequence[str]) -> tuple[list[str], dict[str, str | None]]:
     """(the command without its top-level -D/-U options and output path, {identifier: value or None}).
 

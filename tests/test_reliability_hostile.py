@@ -41,7 +41,8 @@ def test_the_table_has_every_kind_of_hostile_input() -> None:
     kinds = ("wheel-dotdot", "wheel-absolute", "sdist-dotdot", "sdist-absolute", "sdist-symlink", "wheel-bomb",
              "sdist-bomb", "wheel-record-mismatch", "lock-hash-mismatch", "lock-size-mismatch", "toml-unknown-key",
              "toml-wrong-type", "toml-absurd-cpus", "recipe-source-escapes", "patch-escapes", "lock-twice",
-             "wheel-control-chars", "export-into-store")
+             "wheel-control-chars", "export-into-store", "archive-wrong-key", "archive-unknown-format",
+             "archive-bad-tree-last")
     assert set(kinds) <= {c.id for c in CASES}
 
 

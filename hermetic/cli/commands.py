@@ -71,11 +71,17 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     for name in p.dead_entries:
         reporter.event("gc-entry", f"{verb} entry {name}", entry=name)
+    for name, why in sorted(p.damaged.items()):
+        reporter.warn(f"{why}: what it references cannot be known, so gc deleted no blob"
+                      + (f" and kept {len(p.kept_unprovable)} unreached entries it may name" if p.kept_unprovable
+                         else "") + "; run `hermetic verify --repair`, then gc again", entry=name)
     reporter.event("gc", f"{verb} {len(p.dead_entries)} entries and {len(p.dead_blobs)} blobs; "
                          f"{freed} bytes {'would be ' if args.dry_run else ''}freed; "
                          f"{len(p.live_entries)} entries live")
     reporter.result("gc", True, 0, dry_run=args.dry_run, dead_entries=p.dead_entries,
-                    dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries))
+                    dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries),
+                    damaged=sorted(p.damaged), kept_unprovable=p.kept_unprovable,
+                    blobs_unprovable=p.blobs_unprovable)
     return 0
 
 

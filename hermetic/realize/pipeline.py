@@ -28,7 +28,7 @@ from hermetic.errors import BadInput
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
 from hermetic.realize.noop import Outcome, record_inputs
-from hermetic.realize.receipt import latest_receipt, receipt_describes, write_receipt
+from hermetic.realize.receipt import write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
 from hermetic.root import Root
@@ -190,13 +190,11 @@ class Realization:
                           cuda=tc.cuda if tc else None)
         self.reporter.event("phase", phase="receipt")
         outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
-        latest = None if outcome.changed else latest_receipt(self.root, self.name)
-        if latest is None or not receipt_describes(latest, self.tree, self.store):  # or a killed realize wrote none
-            self.report["outside_root_audit"] = self.audit.finish()
-            outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
-                                            [*self.unpacked, *self.toolchain_unpacked], self.report)
-        else:
-            outcome.receipt = latest
+        # its own receipt, even when it changed nothing: the latest one in the folder may be another
+        # process's, which built what this one found built (a no-op returns the receipt its record names)
+        self.report["outside_root_audit"] = self.audit.finish()
+        outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
+                                        [*self.unpacked, *self.toolchain_unpacked], self.report)
         record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), _host_paths(self.report),
                       outcome)
         self.lap("receipt")

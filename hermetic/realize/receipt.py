@@ -11,7 +11,6 @@ from hermetic import __version__, fs
 from hermetic.locks.types import Lock
 from hermetic.realize.noop import Outcome
 from hermetic.root import Root
-from hermetic.store import Store
 from hermetic.wheels.unpacked import Unpacked
 
 
@@ -37,21 +36,3 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     path = root.receipts / f"{outcome.name}-{stamp}-{digest}.json"
     fs.atomic_write_json(path, body, pretty=True)
     return path
-
-
-def receipt_describes(receipt: Path, tree: str, store: Store) -> bool:
-    """Whether a receipt describes ``tree``, with its certificates still sound (a corrupt one is not reused
-    as this realize's record: a new receipt names the certificate just written)."""
-    try:
-        body = fs.read_json(receipt)
-        if body.get("tree") != tree:
-            return False
-        return all(fs.sha256_file(store.blob_path(m["certificate_blob"]))[0] == m["certificate_blob"]
-                   for m in body.get("modules", []))
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return False
-
-
-def latest_receipt(root: Root, name: str) -> Path | None:
-    found = sorted(root.receipts.glob(f"{name}-*.json")) if root.receipts.exists() else []
-    return found[-1] if found else None

@@ -29,10 +29,10 @@ from typing import Any, TypeVar, cast
 from hermetic import fs
 from hermetic.build.objects import Chosen, ObjectCache, object_bytes
 from hermetic.build.plan import Compile
-from hermetic.keys import lookup_key, object_key, split_defines
 from hermetic.remote.actionresult import SHA256_RE, OutputFile
 from hermetic.remote.backend import Backend
-from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
+from hermetic.store import STORE_FORMAT, Store, blob_ref
+from hermetic.store.admission import record_problem
 from hermetic.store.records import ObjectRecord
 
 AC_SALT = "hermetic-remote-v2"  # v2: path-independent object keys (keys.SALT v2)
@@ -223,7 +223,9 @@ def _manifest(files: list[OutputFile]) -> dict[str, tuple[OutputFile, OutputFile
 
 
 def _invalid_record(data: bytes, name: str, lookup: str, object_file: OutputFile) -> str | None:
-    """Why a record from the remote cannot be an object entry of this store under ``name``, or None."""
+    """Why a record from the remote cannot be an object entry of this store under ``name``, or None: the
+    store's own admission checks (its name the key of its inputs, its command the one its lookup key
+    describes: store/admission.py, which an import applies too), then what the list says of it."""
     try:
         meta = json.loads(data)
     except ValueError:
@@ -232,27 +234,9 @@ def _invalid_record(data: bytes, name: str, lookup: str, object_file: OutputFile
         return "not an object record of this store format"
     if meta.get("name") != name or meta.get("lookup") != lookup:
         return "it names another entry or lookup key"
-    inputs, defines = meta.get("inputs"), meta.get("defines")
-    if not (isinstance(inputs, list) and all(
-            isinstance(i, list) and len(i) == 3 and all(isinstance(x, str) for x in i)
-            and i[0].startswith("/") and i[1] in ("raw", "stripped") and SHA256_RE.match(i[2]) for i in inputs)):
-        return "malformed inputs"
-    if not (isinstance(defines, dict) and all(isinstance(v, str) or v is None for v in defines.values())):
-        return "malformed defines"
-    key = object_key(lookup, defines, inputs)
-    if meta.get("key") != key or entry_name(key, name[33:]) != name:
-        return "its name is not the key of its inputs"
-    # the recorded command is run again by `verify --rebuild-sample`: it must be the one the key describes
-    command, env, toolchain = meta.get("command"), meta.get("env"), meta.get("toolchain")
-    host, root = meta.get("host"), meta.get("root")
-    if not (isinstance(command, list) and command and all(isinstance(a, str) for a in command)
-            and isinstance(env, dict) and isinstance(toolchain, dict) and isinstance(meta.get("output"), str)
-            and isinstance(host, dict) and (root is None or isinstance(root, str))):
-        return "malformed command"
-    rest, command_defines = split_defines(command)
-    if rest != meta.get("argv") or command_defines != defines or \
-            all(lookup_key(kind, command, env, toolchain, host, root) != lookup for kind in ("cxx", "nvcc")):
-        return "its command is not the one its lookup key describes"
+    why = record_problem(meta, name)
+    if why is not None:
+        return why
     if meta.get("object") != object_file.digest or meta.get("size") != object_file.size:
         return "it names another object than the list"
     return None

@@ -158,14 +158,19 @@ class Store:
         if self.use_blob(digest, executable):
             src.unlink()
             return dst
-        dst.parent.mkdir(exist_ok=True)
         os.chmod(src, 0o555 if executable else 0o444)
         if self.durable:
             fd = os.open(src, os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-        os.replace(src, dst)
-        return dst
+        while True:
+            dst.parent.mkdir(exist_ok=True)
+            try:
+                os.replace(src, dst)
+                return dst
+            except FileNotFoundError:  # drop_blob removed the empty shard folder in between: make it again
+                if not src.exists():
+                    raise
 
     def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
         """Hash while copying to a temp file; publish as a blob unless it already exists."""
@@ -212,6 +217,8 @@ class Store:
         path = self.blob_path(digest, executable)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        with contextlib.suppress(OSError):  # only an empty shard goes (put_blob_file makes it again if need be)
+            path.parent.rmdir()
 
     def iter_blobs(self) -> Iterator[tuple[str, bool, Path]]:
         if not self.blobs.exists():
@@ -272,9 +279,12 @@ class Store:
     def build_entry(self, name: str) -> Iterator[Staging | None]:
         """Build an entry once: yields a Staging to fill, or None when it already exists.
 
-        Concurrent builders of the same entry wait on its lock and then find it built.
+        Concurrent builders of the same entry wait on its lock and then find it built. A build that fails
+        (a hostile wheel, a compile error) leaves neither its staging nor its lock file: the lock file is
+        unlinked while held, which ``fs.FileLock`` makes safe for a waiter (it re-opens a lock whose file
+        was replaced or removed while it waited).
         """
-        with self.entry_lock(name):
+        with self.entry_lock(name) as lock:
             if self.use(name):
                 yield None
                 return
@@ -282,6 +292,9 @@ class Store:
             try:
                 yield staging
                 staging.publish()
+            except BaseException:
+                lock.remove()
+                raise
             finally:
                 staging.discard()
 
@@ -313,10 +326,22 @@ class Store:
         if trash is not None:
             fs.remove_tree(trash)
 
+    def unpublish(self, names: list[str]) -> None:
+        """Take back entries this process published just now (an import that failed midway), except those
+        another process pinned meanwhile: under the gc lock, like gc's deletions, and for the same reason."""
+        if not names:
+            return
+        with self.gc_lock(exclusive=True):
+            pinned, _ = live_temproots(self)
+            for name in names:
+                if entry_ref(name) not in pinned:
+                    self.drop_entry(name)
+
     # the index: entries listed under a lookup key (objects by what must be equal to compare their inputs)
-    def index_add(self, key: str, name: str) -> None:
+    def index_add(self, key: str, name: str) -> Path:
         link = self.path / "index" / key[:2] / key / name
         fs.atomic_symlink(os.path.relpath(self.entry_path(name), link.parent), link)
+        return link
 
     def index_list(self, key: str) -> list[str]:
         folder = self.path / "index" / key[:2] / key
@@ -369,12 +394,8 @@ class Staging:
                 rel = p.relative_to(self.out).as_posix()
                 executable = os.access(p, os.X_OK)
                 digest, _size = fs.sha256_file(p)
-                blob = store.blob_path(digest, executable)
-                if blob.exists():
-                    p.unlink()
-                else:
-                    blob.parent.mkdir(exist_ok=True)
-                    store.put_blob_file(p, digest, executable)
+                # pinned under the gc lock (an existing blob too): gc cannot delete it before the link below
+                blob = store.put_blob_file(p, digest, executable)
                 fs.link_or_copy(blob, p)
                 files[rel] = (digest, executable)
         return dict(sorted(files.items()))
@@ -417,6 +438,11 @@ class TempRoots:
         self.path = directory / f"{os.getpid()}-{os.urandom(4).hex()}"
         self.lock = fs.FileLock(self.path)
         self.lock.acquire()
+        assert self.lock.fd is not None
+        # the file's ctime moves with every pin written to it: its first line keeps when the process began
+        # using the store, which gc's "newer than the oldest running process" needs
+        self.created = os.fstat(self.lock.fd).st_ctime_ns
+        os.write(self.lock.fd, f"{CREATED}{self.created}\n".encode())
         self.seen: set[str] = set()
 
     def add(self, ref: str) -> None:
@@ -427,9 +453,10 @@ class TempRoots:
         os.write(self.lock.fd, (ref + "\n").encode())
 
     def created_ns(self) -> int:
-        return os.stat(self.path).st_ctime_ns
+        return self.created
 
 
+CREATED = "created:"   # the first line of a temp-roots file: its ctime before anything was written to it
 _OPEN_TEMPROOTS: dict[Path, TempRoots] = {}
 
 
@@ -471,8 +498,11 @@ def live_temproots(store: Store) -> tuple[set[str], int | None]:
         except FileNotFoundError:
             continue
         with contextlib.suppress(FileNotFoundError):
-            refs.update(line for line in p.read_text().splitlines() if line)
-            ctime = os.stat(p).st_ctime_ns
+            lines = p.read_text().splitlines()
+            ctime = os.stat(p).st_ctime_ns  # a file without its first line (a hermetic before it): an upper bound
+            if lines and lines[0].startswith(CREATED) and lines[0][len(CREATED):].isdigit():
+                ctime = int(lines[0][len(CREATED):])
+            refs.update(line for line in lines if line and not line.startswith(CREATED))
             oldest = ctime if oldest is None else min(oldest, ctime)
     return refs, oldest
 

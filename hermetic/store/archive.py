@@ -27,9 +27,10 @@ from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
+from hermetic.store.admission import record_problem
 from hermetic.store.records import EntryRecord, files_of
 from hermetic.store.roots import root_refs
-from hermetic.store.trees import build_tree, tree_entry_name
+from hermetic.store.trees import build_tree
 
 ARCHIVE_FORMAT = 1
 _ENTRY_RE = re.compile(r"^entries/([A-Za-z0-9._+-]{1,160})/meta\.json$")
@@ -49,6 +50,7 @@ def _closure(store: Store, refs: set[str]) -> tuple[list[str], dict[str, str]]:
         if name in seen or not store.has_entry(name):
             continue
         seen.add(name)
+        store.pin_entry(name)  # the caller holds the gc lock: from here to the end of the export gc spares it
         entries.append(name)
         rec = store.record(name)
         for path, (digest, executable) in files_of(rec).items():
@@ -99,11 +101,14 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         raise BadInput(f"no root named {', '.join(sorted(missing))}", where="--name",
                        hint="`hermetic show` lists the roots")
     refs: set[str] = set()
-    for p in root_files:
-        refs.update(json.loads(p.read_text()).get("refs", []))
-    if not wanted:
-        refs |= root_refs(root)
-    entries, blobs = _closure(store, refs)
+    # the roots read and their closure pinned at once, under the gc lock: a gc waits, then sees the pins
+    with store.gc_lock():
+        root_bytes = {p: p.read_bytes() for p in root_files}  # a root gc then drops still travels
+        for data in root_bytes.values():
+            refs.update(json.loads(data).get("refs", []))
+        if not wanted:
+            refs |= root_refs(root)
+        entries, blobs = _closure(store, refs)
     manifest: dict[str, Any] = {"format": ARCHIVE_FORMAT, "hermetic": __version__,
                                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                 "entries": {}, "blobs": {}, "roots": {}}
@@ -116,7 +121,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         total += size
     order = stream_order(blobs, manifest["blobs"])
     for p in root_files:
-        manifest["roots"][p.stem] = fs.sha256_file(p)[0]
+        manifest["roots"][p.stem] = fs.sha256_bytes(root_bytes[p])
     archive.parent.mkdir(parents=True, exist_ok=True)
     task = reporter.task(f"export {archive.name}", total, "bytes")
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
@@ -134,7 +139,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
                     _add_bytes(tar, f"entries/{name}/meta.json",
                                (store.entry_path(name) / ENTRY_META).read_bytes())
                 for p in root_files:
-                    _add_bytes(tar, f"roots/{p.name}", p.read_bytes())
+                    _add_bytes(tar, f"roots/{p.name}", root_bytes[p])
                 for b in order:
                     path = store.blob_file(b)
                     info = tarfile.TarInfo(f"blobs/{b}")
@@ -176,20 +181,10 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
             dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)
             with dctx.stream_reader(raw) as zr:
                 manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
+        _check_records(store, metas, blob_files, archive)  # every record, before anything is published
         _check_hosts(host, metas, archive)
-        new_blobs = 0
-        for bname, path in blob_files.items():
-            digest, executable = split_blob_name(bname)
-            if not store.has_blob(digest, executable):
-                new_blobs += 1
-            store.temproots.add(f"blob:{bname}")
-            store.put_blob_file(path, digest, executable)
-        for name, meta in sorted(metas.items(), key=lambda kv: kv[1].get("kind") == "tree"):
-            _import_entry(store, name, meta)
-        for rname, data in roots.items():
-            dst = root.roots / f"{rname}.json"
-            if not dst.exists():
-                fs.atomic_write(dst, data)
+        new_blobs = sum(not store.has_blob(*split_blob_name(b)) for b in blob_files)
+        _publish(root, store, metas, roots, blob_files)
     except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
         raise BadInput(f"archive {archive.name} is damaged: {e}", where=str(archive),
                        hint="copy it again; nothing was imported") from None
@@ -228,7 +223,10 @@ def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
                 data = _read_member(tar, member, 256 << 20)
                 if manifest["entries"].get(m.group(1)) != fs.sha256_bytes(data):
                     raise bad(f"entry {m.group(1)} does not match the manifest")
-                metas[m.group(1)] = json.loads(data)
+                try:
+                    metas[m.group(1)] = json.loads(data)
+                except ValueError:
+                    raise bad(f"entry {m.group(1)} is not JSON") from None
             elif m := _ROOT_RE.match(name):
                 data = _read_member(tar, member, 1 << 20)
                 if manifest["roots"].get(m.group(1)) != fs.sha256_bytes(data):
@@ -293,19 +291,72 @@ def _check_hosts(host: Callable[[], Mapping[str, object]], metas: dict[str, dict
                     where=str(archive), hint="export from a machine with the same interpreter and torch")
 
 
-def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> None:
-    if meta.get("kind") == "tree":
-        files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
-        links = meta.get("links", {})
-        # content-addressed trees must hash to their name; input-addressed ones (sources) carry their inputs
-        content_addressed = tree_entry_name(meta["label"], files, links) == name
-        if not content_addressed and "source" not in meta:
-            raise BadInput(f"tree entry {name} does not match its own record", where=str(name),
+def _check_records(store: Store, metas: dict[str, Any], blob_files: dict[str, Path], archive: Path) -> None:
+    """Refuse the archive (nothing published yet) unless every record is the entry it claims to be (the
+    checks a remote cache's records pass: store/admission.py) and every blob it needs is in the archive or,
+    pinned now, in the store."""
+    for name in sorted(metas):
+        meta = metas[name]
+        why = record_problem(meta, name)
+        if why is None:
+            missing = [b for b in sorted(_needed_blobs(meta)) if b not in blob_files and not
+                       store.use_blob(*split_blob_name(b))]
+            why = f"it needs blob {missing[0][:16]}…, which neither the archive nor this store holds" \
+                if missing else None
+        if why is not None:
+            raise BadInput(f"archive {archive.name}: entry {name} cannot be imported: {why}", where=str(archive),
                            hint="the archive is damaged or not from `hermetic export`; nothing was imported")
-        build_tree(store, meta["label"], files, links, meta.get("refs", []), name=name, source=meta.get("source"))
-        return
+
+
+def _needed_blobs(meta: dict[str, Any]) -> set[str]:
+    """The blobs an entry cannot be laid out or used without (a wheel's own file is not one: it is unpacked)."""
+    needed = {blob_name(d, bool(x)) for d, x in files_of(cast(EntryRecord, meta)).values()}
+    if meta["kind"] == "object":
+        needed |= set(split_refs(meta["refs"])[1])
+    elif meta["kind"] == "module":
+        needed.add(meta["so"])
+    return needed
+
+
+def _publish(root: Root, store: Store, metas: dict[str, Any], roots: dict[str, bytes],
+             blob_files: dict[str, Path]) -> None:
+    """Blobs, then entries (trees last: they link the others' blobs), then the index links of the objects,
+    then the roots. All or nothing: a failure midway takes back the roots and index links written and the
+    entries published (those no other process has pinned meanwhile); the blobs stay, unpinned garbage for
+    the next gc."""
+    published: list[str] = []
+    links: list[Path] = []
+    written: list[Path] = []
+    try:
+        for bname, path in blob_files.items():
+            store.put_blob_file(path, *split_blob_name(bname))  # pins it
+        for name, meta in sorted(metas.items(), key=lambda kv: (kv[1]["kind"] == "tree", kv[0])):
+            if _import_entry(store, name, meta):
+                published.append(name)
+        for name, meta in sorted(metas.items()):
+            # an object is listed where a build's lookup finds it, as one compiled here
+            if meta["kind"] == "object" and name not in store.index_list(meta["lookup"]):
+                links.append(store.index_add(meta["lookup"], name))
+        for rname, data in sorted(roots.items()):
+            dst = root.roots / f"{rname}.json"
+            if not dst.exists():
+                fs.atomic_write(dst, data)
+                written.append(dst)
+    except BaseException:
+        for p in [*written, *links]:
+            p.unlink(missing_ok=True)
+        store.unpublish(published)
+        raise
+
+
+def _import_entry(store: Store, name: str, meta: dict[str, Any]) -> bool:
+    """Publish one checked record; whether this import published it (False: the store had it)."""
+    if meta["kind"] == "tree":
+        files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+        return build_tree(store, meta["label"], files, meta["links"], meta["refs"], name=name,
+                          source=meta.get("source"))[1]
     with store.build_entry(name) as staging:
-        if staging is not None:
-            staging.record = cast(EntryRecord, meta)
-    if meta.get("kind") == "object" and isinstance(meta.get("lookup"), str):
-        store.index_add(meta["lookup"], name)  # where a build's lookup finds it, as one compiled here
+        if staging is None:
+            return False
+        staging.record = cast(EntryRecord, meta)
+    return True

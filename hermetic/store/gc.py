@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hermetic import fs
-from hermetic.errors import PreconditionFailed
+from hermetic.errors import PreconditionFailed, WorkFailed
 from hermetic.root import CACHES, Root
 from hermetic.store import Store, blob_name, live_temproots, split_refs
 from hermetic.store.records import files_of
@@ -25,6 +25,26 @@ class GcPlan:
     dead_entries: list[str] = field(default_factory=list)
     dead_blobs: list[Path] = field(default_factory=list)
     garbage: list[Path] = field(default_factory=list)  # tmp/ and trash/ leftovers of dead processes
+    damaged: dict[str, str] = field(default_factory=dict)  # reachable entries whose record cannot be read
+    kept_unprovable: list[str] = field(default_factory=list)  # unreached entries a damaged record may name
+
+    @property
+    def blobs_unprovable(self) -> bool:
+        """A damaged reachable record may name any blob: none is proven dead, none is deleted."""
+        return bool(self.damaged)
+
+
+# What a record of each kind may reference among entries (docs/layout.md): an object only blobs, a module its
+# objects, an unpacked wheel only its wheel's blob, a source tree only its archive's blob, any other tree
+# anything (unpacked wheels, modules, objects, the toolchain's and the sources' trees).
+def _may_reference(store: Store, name: str, candidate: str) -> bool:
+    label = name[33:]
+    if label.startswith(("obj-", "src-")):
+        return False
+    if label.startswith("mod-"):
+        return candidate[33:].startswith("obj-")
+    # the folder tells a tree (its out/) from an unpacked wheel's record, which references no entry
+    return (store.entry_path(name) / "out").is_dir()
 
 
 def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
@@ -39,12 +59,33 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
         if name in result.live_entries or not store.has_entry(name):
             continue
         result.live_entries.add(name)
-        rec = store.record(name)
+        try:
+            rec = store.record(name)
+        except WorkFailed as damage:  # what it references is unknown: gc goes on, and proves less
+            result.damaged[name] = damage.what
+            continue
         result.live_blobs.update(blob_name(digest, executable) for digest, executable in files_of(rec).values())
         entries, blobs = split_refs(rec["refs"])
         pending += entries
         result.live_blobs.update(blobs)
-    result.dead_entries = [e for e in store.iter_entries() if e not in result.live_entries]
+    unreached = [e for e in store.iter_entries() if e not in result.live_entries]
+    # an entry a damaged reachable record may name is not proven dead, nor is what that entry names
+    kept = {e for e in unreached if any(_may_reference(store, d, e) for d in result.damaged)}
+    frontier = list(kept)
+    while frontier:
+        name = frontier.pop()
+        try:
+            named, _ = split_refs(store.record(name)["refs"])
+        except (WorkFailed, OSError):
+            named = [e for e in unreached if _may_reference(store, name, e)]
+        for e in named:
+            if e not in kept and e in unreached:
+                kept.add(e)
+                frontier.append(e)
+    result.kept_unprovable = sorted(kept)
+    result.dead_entries = [e for e in unreached if e not in kept]
+    if result.blobs_unprovable:
+        return _without_blobs(root, store, result, oldest_live)
     for digest, executable, path in store.iter_blobs():
         name = blob_name(digest, executable)
         if name in result.live_blobs:
@@ -53,6 +94,11 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
         if oldest_live is not None and os.lstat(path).st_ctime_ns >= oldest_live:
             continue
         result.dead_blobs.append(path)
+    return _without_blobs(root, store, result, oldest_live)
+
+
+def _without_blobs(root: Root, store: Store, result: GcPlan, oldest_live: int | None) -> GcPlan:
+    """The rest of the plan: leftovers in tmp/ and trash/, old cache folders."""
     for folder in (store.tmp, store.trash):
         if folder.exists():
             for p in folder.iterdir():

@@ -30,7 +30,7 @@ def check_relpath(rel: str) -> None:
         raise ValueError(f"unsafe path {rel!r}")
 
 
-def _check_link_target(rel: str, target: str) -> None:
+def check_link_target(rel: str, target: str) -> None:
     depth = rel.count("/")
     parts = target.split("/")
     if target.startswith("/") or parts.count("..") > depth or any(ord(c) < 32 for c in target):
@@ -90,7 +90,7 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
                     from None
         for rel, target in sorted(links.items()):
             check_relpath(rel)
-            _check_link_target(rel, target)
+            check_link_target(rel, target)
             dst = out / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             if dst.exists() or dst.is_symlink():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from hermetic import fs
 from hermetic.errors import BadInput
+from hermetic.keys import unpacked_key
 from hermetic.locks.types import Lock, LockedWheel
 from hermetic.reporter import Reporter
 from hermetic.root import Root
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
     from hermetic.fetch.download import Fetcher
 
 
-UNPACKER_VERSION = 1
-
-
 @dataclass(frozen=True)
 class Unpacked:
     entry: str
@@ -36,8 +34,7 @@ class Unpacked:
 
 
 def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
-    key = fs.sha256_bytes(f"unpacked-v{UNPACKER_VERSION}\0{wheel_sha256}".encode())
-    return entry_name(key, label)
+    return entry_name(unpacked_key(wheel_sha256), label)
 
 
 def load_unpacked(store: Store, name: str) -> Unpacked:

@@ -33,6 +33,7 @@ from typing import Any
 
 from hermetic.audit import OutsideRootAudit
 from tests.support import cli
+from tests.support.archives import CRAFTED, crafted
 from tests.support.cli import Result
 from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
 from tests.support.reliability import FileServer
@@ -482,6 +483,10 @@ def _cases() -> list[Case]:
         target = next(p for p in sorted((ctx.root / "profiles").glob("*/nvidia/cu13/include/*.h")))
         return ["export", str(target)]
 
+    for kind, what in sorted(CRAFTED.items()):
+        def make(ctx: Ctx, kind: str = kind) -> list[str]:
+            return ["import", str(crafted(kind, ctx.folder / f"{kind}.tar.zst"))]
+        c.append(Case(f"archive-{kind}", what, 2, (f"{kind}.tar.zst", "nothing was imported"), make))
     return c
 
 
