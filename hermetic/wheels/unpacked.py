@@ -68,36 +68,20 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     wheels = _unique_wheels(locks)
     counts["wheels"] += len(wheels)
     out: list[Unpacked] = []
-    fetcher: Fetcher | None = None
-    accepts = _Accepts(tags)
+    get = _Acquire(store, reporter, counts, share, _Accepts(tags))
     for w in wheels:
-        found = _existing_unpacked(store, w, accepts)
+        found = _existing_unpacked(store, w, get.accepts)
         if found is not None:
             out.append(found)
             counts["reused"] += 1
             continue
-        name = unpacked_entry_name(w.hashes[0], w.name)
+        # A pin with the hashes of several files means the one this interpreter installs: which one is known
+        # only once it is found, and the entry is named by that file (not by the lock's first hash).
+        got = get(w) if w.filename is None and len(w.hashes) > 1 else None
+        name = unpacked_entry_name(got[0].name if got else w.hashes[0], w.name)
         with store.build_entry(name) as staging:
             if staging is not None:
-                fresh: Path | None = None
-                blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h)
-                             and (w.filename or accepts(_filename_from_wheel(w, store.blob_path(h))))), None)
-                if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
-                    blob = store.blob_path(shared)            # from the remote cache, verified
-                    size = blob.stat().st_size
-                    share.counts["wheels_fetched"] += 1
-                    counts["fetched"] += 1
-                    counts["fetched_bytes"] += size
-                    reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
-                                   wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
-                if blob is None:
-                    if fetcher is None:  # requests and pip's configuration are loaded only when needed
-                        fetcher = _make_fetcher(store, reporter, tags)
-                    reporter.event("phase", phase="fetching")
-                    blob, filename = _fetch(store, fetcher, w, reporter, counts)
-                    fresh = blob
-                else:
-                    filename = w.filename or _filename_from_wheel(w, blob)
+                blob, filename, fresh = got or get(w)
                 store.pin_blob(blob.name)
                 reporter.event("phase", phase="materializing")
                 try:
@@ -120,6 +104,41 @@ def _make_fetcher(store: Store, reporter: Reporter, tags: Sequence[str] | None) 
     from hermetic.fetch.download import Fetcher
     from hermetic.fetch.pipconfig import load_pip_config
     return Fetcher(load_pip_config(), store.tmp, reporter, tags=_Accepts(tags).tag_list())
+
+
+class _Acquire:
+    """A locked wheel's file as a blob of the store: one already there, else the remote cache's, else fetched
+    (requests and pip's configuration are loaded only when a fetch is needed). Returns (blob, file name, the
+    blob when fetched just now)."""
+
+    def __init__(self, store: Store, reporter: Reporter, counts: dict[str, int], share: Substituter | None,
+                 accepts: _Accepts) -> None:
+        self.store, self.reporter, self.counts, self.share, self.accepts = store, reporter, counts, share, accepts
+        self.fetcher: Fetcher | None = None
+
+    def usable(self, w: LockedWheel, blob: Path) -> bool:
+        return bool(w.filename) or self.accepts(_filename_from_wheel(w, blob))
+
+    def __call__(self, w: LockedWheel) -> tuple[Path, str, Path | None]:
+        store, share, counts = self.store, self.share, self.counts
+        blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h) and self.usable(w, store.blob_path(h))),
+                    None)
+        if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)) \
+                and self.usable(w, store.blob_path(shared)):
+            blob = store.blob_path(shared)            # from the remote cache, verified
+            size = blob.stat().st_size
+            share.counts["wheels_fetched"] += 1
+            counts["fetched"] += 1
+            counts["fetched_bytes"] += size
+            self.reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
+                                wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
+        if blob is not None:
+            return blob, w.filename or _filename_from_wheel(w, blob), None
+        if self.fetcher is None:
+            self.fetcher = _make_fetcher(store, self.reporter, self.accepts.tags)
+        self.reporter.event("phase", phase="fetching")
+        fetched, filename = _fetch(store, self.fetcher, w, self.reporter, counts)
+        return fetched, filename, fetched
 
 
 class _Accepts:
