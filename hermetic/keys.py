@@ -30,7 +30,8 @@ VALUE_OPTS = frozenset({
     "-odir", "-optf", "--options-file", "-Xclang"})
 
 
-UNPACKER_VERSION = 1
+# 2: entry points are recorded, not written as launchers (wheels.scripts writes them per interpreter)
+UNPACKER_VERSION = 2
 
 
 def unpacked_key(wheel_sha256: str) -> str:

@@ -35,8 +35,11 @@ class Cache:
 # Every derived cache, in one table. All are safe to delete: each is re-derived (more slowly) when missing.
 CACHES = {c.name: c for c in (
     Cache("realize", 1, "no-op records: the fingerprints of a realize's inputs and what it produced"),
-    Cache("locks", 1, "parsed locks, while the lock file and the interpreter are unchanged"),
-    Cache("interpreters", 3, "host interpreter facts (qualification), while the interpreter and torch are unchanged"),
+    Cache("locks", 2, "parsed locks per interpreter, while the lock file and the interpreter are unchanged"),
+    Cache("interpreters", 4, "host interpreter facts (qualification: torch, triton), while the interpreter, torch and "
+                             "triton are unchanged"),
+    Cache("pythons", 1, "a recipe's interpreter: version, tags, markers and scheme (asked with hermetic's own "
+                        "packaging), while the interpreter and that packaging are unchanged"),
     Cache("tools", 1, "tools' answers (nvcc --version, g++ -dumpfullversion) and their binaries' hashes"),
     Cache("hashes", 1, "content hashes of compile inputs, while each input is unchanged"),
     Cache("includes", 1, "each source's and header's include directives and identifier mentions (the waiver's "

@@ -16,7 +16,7 @@ import zstandard
 
 from hermetic import fs
 from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
-from hermetic.build.host import host_identity
+from hermetic.build.host import host_identity, host_record
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
 from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
@@ -212,7 +212,7 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
                 so_digest, producer = shared
             staging.record = {
                 "format": STORE_FORMAT, "name": name, "kind": "module", "module": plan.module, "file": filename,
-                "so": so_digest, "host": host_identity(facts), "producer_certificate": producer,
+                "so": so_digest, "host": host_record(facts), "producer_certificate": producer,
                 "refs": [blob_ref(so_digest), *([blob_ref(producer)] if producer else []),
                          *(entry_ref(d.entry) for d in choices if d.entry)]}
             linked = True

@@ -2,18 +2,17 @@
 build (include and library folders, nvcc flags, pybind11 ABI defines, the C++ standard).
 
 Asking costs an ``import torch`` (seconds), so the answer is cached by interpreter identity: the stat
-fingerprints of the interpreter binary and of torch's version.py. A no-op realize never imports torch.
+fingerprints of the interpreter binary, of torch's version.py and of triton's package (when triton is there:
+its version is recorded beside torch's). A no-op realize never imports torch.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.errors import PreconditionFailed
+from hermetic.interpreter import WHERE, find_python
 from hermetic.root import Root
 from hermetic.store.records import HostIdentity
 
@@ -25,7 +24,14 @@ import inspect, json, os, platform, re, sys, sysconfig
 out = {"python": platform.python_version(), "implementation": sys.implementation.name,
        "executable": sys.executable, "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
        "python_include": sysconfig.get_path("include", scheme="posix_prefix"), "machine": platform.machine(),
-       "soabi": sysconfig.get_config_var("SOABI"), "torch": None}
+       "soabi": sysconfig.get_config_var("SOABI"), "torch": None, "triton": None}
+try:
+    import importlib.metadata, importlib.util
+    spec = importlib.util.find_spec("triton")  # found, not imported: torch imports triton only when it compiles
+    if spec is not None and spec.origin:
+        out["triton"] = {"version": importlib.metadata.version("triton"), "file": os.path.realpath(spec.origin)}
+except (ImportError, ValueError):
+    pass
 try:
     import torch
     import torch.utils.cpp_extension as ce
@@ -56,20 +62,10 @@ print("hermetic-probe-result: " + json.dumps(out))
 """
 
 
-def host_python(python: str | None) -> Path:
-    if python is None:
-        return Path(sys.executable)
-    found = shutil.which(python)
-    if not found:
-        raise BadInput(f"host interpreter {python!r} not found", where="recipe.python",
-                       hint="give a path or a command on PATH, e.g. python = \"/usr/bin/python3.12\"")
-    return Path(found)
-
-
-def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, Any]:
-    """The host interpreter's facts, from the cache when neither the interpreter nor torch changed."""
+def qualify(root: Root, python: str | None, *, need_torch: bool, where: str = WHERE) -> dict[str, Any]:
+    """The host interpreter's facts, from the cache when neither the interpreter, torch nor triton changed."""
     # not resolved: a venv's python is a symlink, and resolving it would lose the venv's site-packages
-    exe = Path(os.path.abspath(host_python(python)))
+    exe = find_python(python, where)
     cache = root.cache("interpreters")
     cached = cache.get(str(exe))
     if isinstance(cached, dict):
@@ -84,9 +80,9 @@ def qualify(root: Root, python: str | None, *, need_torch: bool) -> dict[str, An
         raise PreconditionFailed(f"the host interpreter {exe} could not be qualified:\n{output[-2000:]}",
                                  hint="check that it starts and that torch imports in it")
     facts: dict[str, Any] = found
-    t = facts["torch"]
-    # valid while the interpreter binary and torch's version.py keep their fingerprints
-    cache.put(str(exe), facts, [exe, *([t["version_file"]] if t else [])])
+    t, tr = facts["torch"], facts.get("triton")
+    # valid while the interpreter binary, torch's version.py and triton's __init__.py keep their fingerprints
+    cache.put(str(exe), facts, [exe, *([t["version_file"]] if t else []), *([tr["file"]] if tr else [])])
     return _checked(facts, exe, need_torch)
 
 
@@ -97,6 +93,16 @@ def _checked(facts: dict[str, Any], exe: Path, need_torch: bool) -> dict[str, An
                                  f"{facts.get('torch_error', 'not installed')}",
                                  hint=f"install torch there ({exe} -m pip install torch), or set recipe.python")
     return facts
+
+
+def host_record(facts: dict[str, Any]) -> HostIdentity:
+    """``host_identity`` and triton's version where triton is there: what a module's record says it was built
+    with, and what an imported closure is checked against. (Not in the keys: triton does not change what the
+    compilers produce, and a key change would rebuild every module once.)"""
+    record = host_identity(facts)
+    if facts.get("triton"):
+        record["triton"] = facts["triton"]["version"]
+    return record
 
 
 def host_identity(facts: dict[str, Any]) -> HostIdentity:

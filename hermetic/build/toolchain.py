@@ -71,15 +71,18 @@ def inspect_toolchain(root: Root, profile: Path, toolchain: Toolchain, entry: st
     return ToolchainInfo(cuda_home, nvcc_version, f"{v // 1000}.{(v % 1000) // 10}", entry)
 
 
-def check_compatible(info: ToolchainInfo, toolchain: Toolchain, torch_cuda: str | None) -> None:
-    """nvcc's release, the runtime headers' CUDART_VERSION and torch.version.cuda must name one CUDA."""
+def check_compatible(info: ToolchainInfo, toolchain: Toolchain, torch_cuda: str | None,
+                     python: str | None = None) -> None:
+    """nvcc's release, the runtime headers' CUDART_VERSION and torch.version.cuda (of the interpreter
+    ``python``) must name one CUDA."""
     found = {"nvcc": info.release, "CUDART_VERSION (nvidia-cuda-runtime headers)": info.cudart_version,
              "recipe toolchain.cuda": toolchain.cuda}
     if torch_cuda is not None:
-        found["torch.version.cuda"] = ".".join(torch_cuda.split(".")[:2])
+        found["torch.version.cuda" + (f" (torch of {python})" if python else "")] = \
+            ".".join(torch_cuda.split(".")[:2])
     if len(set(found.values())) == 1:
         return
-    want = found.get("torch.version.cuda", toolchain.cuda)
+    want = next((v for k, v in found.items() if k.startswith("torch.version.cuda")), toolchain.cuda)
     listing = ", ".join(f"{k} {v}" for k, v in found.items())
     raise PreconditionFailed(
         f"the CUDA toolchain does not match: {listing} (nvcc {info.nvcc_version})",

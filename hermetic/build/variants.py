@@ -69,7 +69,7 @@ def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[U
                                 refs=[entry_ref(u.entry) for u in unpacked])
     tc_profile = set_profile(root.profiles, tc_name, store, tc_tree)
     info = inspect_toolchain(root, tc_profile, recipe.toolchain, tc_tree)
-    check_compatible(info, recipe.toolchain, facts["torch"]["cuda"])
+    check_compatible(info, recipe.toolchain, facts["torch"]["cuda"], facts.get("executable"))
     compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
     return PreparedToolchain(info, {"cuda": tc_tree, "host_compilers": compilers}, compilers, built)
 

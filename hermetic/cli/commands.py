@@ -187,10 +187,10 @@ def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.build.host import host_identity, qualify
+    from hermetic.build.host import host_record, qualify
     from hermetic.store.archive import import_closure
     stats = import_closure(root, args.archive, reporter=reporter,
-                           host=lambda: host_identity(qualify(root, None, need_torch=False)))
+                           host=lambda: host_record(qualify(root, None, need_torch=False)))
     reporter.event("import", f"imported {stats['entries']} entries and {stats['blobs']} blobs "
                              f"({stats['new_blobs']} new) from {args.archive}")
     reporter.result("import", True, 0, archive=str(args.archive), **stats)

@@ -1,34 +1,38 @@
 """Parsed locks cached by stat fingerprint: an unchanged lock is not parsed again.
 
 Parsing evaluates markers and wheel tags with packaging, whose import alone costs more than laying out a
-whole tree from a warm store. The cache holds the parsed records keyed by the lock's and the interpreter's
-stat fingerprints (PRODUCT.md: a realize trusts recorded fingerprints and re-reads only what changed).
+whole tree from a warm store. The cache holds the parsed records keyed by the lock and the interpreter they
+were evaluated for, valid while both keep their stat fingerprints (PRODUCT.md: a realize trusts recorded
+fingerprints and re-reads only what changed).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
 from hermetic.locks.types import Lock, LockedWheel
 
+if TYPE_CHECKING:
+    from hermetic.interpreter import Interpreter
 
-def read_lock_cached(cache: fs.FingerprintCache, path: Path) -> Lock:
-    """``path`` parsed for the running interpreter, from ``cache`` (root's ``locks`` bucket) while the lock and
-    the interpreter are unchanged."""
-    found = cache.get(str(fs.resolve(path)))
+
+def read_lock_cached(cache: fs.FingerprintCache, path: Path, python: Interpreter) -> Lock:
+    """``path`` parsed for the interpreter ``python`` (its markers and tags), from ``cache`` (root's ``locks``
+    bucket) while the lock and the interpreter are unchanged."""
+    key = f"{fs.resolve(path)}\0{python.executable}"
+    found = cache.get(key)
     if isinstance(found, dict):
         try:
             return _decode(found)
         except (KeyError, TypeError, ValueError):
             pass  # a record of another shape: parse again
     from hermetic.locks.read import read_lock
-    lock = read_lock(path)
-    cache.put(str(fs.resolve(path)), _encode(lock), [path, Path(sys.executable).resolve()])
+    lock = read_lock(path, environment=python.markers, tags=python.tag_list())
+    cache.put(key, _encode(lock), [path, python.executable])
     return lock
 
 

@@ -142,7 +142,7 @@ def _pip_line(line: str, base: Path, env: dict[str, Any], tags: list[Tag], where
             raise BadInput(f"{filename!r} is not a wheel of {req.name!r}", where=where,
                            hint="fix the name or the URL")
     if tag_rank(filename, {t: i for i, t in enumerate(tags)}) is None:
-        raise no_wheel(name, [filename], tags, where)
+        raise no_wheel(name, [filename], tags, where, env)
     return LockedWheel(name, version, hashes, filename, url, path, None, where)
 
 

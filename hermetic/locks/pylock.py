@@ -206,7 +206,8 @@ class _Pylock:
             if r is not None and (best is None or r < best[0]):
                 best = (r, f, wheel_version)
         if best is None:
-            raise no_wheel(name, [f.filename or "" for f in files], self.tags, self.doc.where(*kp, "wheels"))
+            raise no_wheel(name, [f.filename or "" for f in files], self.tags, self.doc.where(*kp, "wheels"),
+                           self.env)
         _, chosen, wheel_version = best
         # Only the chosen file is fetched, so only its hashes must be ones hermetic can check.
         if not chosen.hashes:

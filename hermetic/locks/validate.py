@@ -66,10 +66,13 @@ def tag_rank(filename: str, rank: dict[Tag, int]) -> int | None:
     return min(ranks) if ranks else None
 
 
-def no_wheel(name: str, filenames: Sequence[str], tags: Sequence[Tag], where: str) -> BadInput:
+def no_wheel(name: str, filenames: Sequence[str], tags: Sequence[Tag], where: str,
+             env: dict[str, Any] | None = None) -> BadInput:
     best = str(tags[0]) if tags else "(none)"
-    return BadInput(f"no wheel for this interpreter in the lock for {name!r}: {', '.join(filenames)}",
-                    where=where, hint=f"this interpreter's best tag is {best}; re-lock for this platform")
+    python = f" (Python {env['python_full_version']})" if env and "python_full_version" in env else ""
+    return BadInput(f"no wheel for this interpreter{python} in the lock for {name!r}: {', '.join(filenames)}",
+                    where=where, hint=f"this interpreter's best tag is {best}; re-lock for this interpreter and "
+                                      "platform, or name the interpreter the lock is for (recipe.python)")
 
 
 def resolve_location(loc: str, base: Path, where: str) -> tuple[str | None, Path | None]:

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from hermetic.build.toolchain import cuda_home_rel
 from hermetic.errors import PreconditionFailed
+from hermetic.interpreter import find_python
 from hermetic.recipe import load_recipe
 from hermetic.root import Root
 
 
 def realized_env(root: Root, recipe_path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """(full child environment, the variables hermetic sets) for a recipe realized in ``root``."""
+    """(full child environment, the variables hermetic sets) for a recipe realized in ``root``.
+
+    The profile's ``bin/`` comes first on PATH: its ``python``, ``python3`` and console scripts run the
+    recipe's interpreter (they were written for it when the tree was laid out), its folder next."""
     recipe = load_recipe(recipe_path)
     profile = root.profiles / recipe.name
+    python = find_python(recipe.python, recipe.doc.where("recipe", "python") if recipe.python else "recipe.python")
     if not profile.exists():
         raise PreconditionFailed(f"{recipe.name} is not realized in {root.path}", where=str(recipe_path),
                                  hint=f"run `hermetic realize {recipe_path}` first")
-    facts: dict[str, str] = {"HERMETIC_ROOT": str(root.path), "HERMETIC_PROFILE": str(profile)}
-    path_dirs = [str(profile / "bin"), str(Path(sys.executable).parent)]
+    facts: dict[str, str] = {"HERMETIC_ROOT": str(root.path), "HERMETIC_PROFILE": str(profile),
+                             "HERMETIC_PYTHON": str(python)}
+    path_dirs = [str(profile / "bin"), str(python.parent)]
     if recipe.toolchain:
         # a recipe that builds keeps its toolchain in a profile of its own
         tc_profile = root.profiles / f"{recipe.name}.toolchain" if recipe.extensions else profile

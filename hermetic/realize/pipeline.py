@@ -2,12 +2,13 @@
 
     0. no-op      has anything changed? (``realize.noop``; the caller asks, once per command)
     1. validate   the recipe and its variants; the store and the remote cache opened
-    2. qualify    the host interpreter (for a recipe that builds) and the locks, for its markers and tags
+    2. qualify    the recipe's interpreter (its tags, markers and scheme; torch too for a recipe that
+                  builds) and the locks, evaluated for it
     3. fetch      every locked wheel not yet in the store, unpacked once
     4. toolchain  the CUDA toolchain's tree, checked against torch
     5. sources    the source trees of every variant, patched
     6. build      every extension of every variant: certified reuse, compiles, links, certificates
-    7. materialize  the environment's tree (wheels and modules) and its profile
+    7. materialize  the environment's tree (wheels, modules, launchers for the interpreter) and its profile
     8. check      the modules imported together in a fresh interpreter, no CUDA context
     9. receipt    the gc root, the receipt, the no-op record
 
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from hermetic.audit import OutsideRootAudit
 from hermetic.build.toolchain import toolchain_links
 from hermetic.errors import BadInput
+from hermetic.interpreter import WHERE, Interpreter, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
 from hermetic.realize.noop import Outcome, record_inputs
@@ -36,6 +38,7 @@ from hermetic.store import Store, entry_ref, split_refs
 from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
+from hermetic.wheels.scripts import launchers
 from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack
 
 if TYPE_CHECKING:
@@ -75,6 +78,7 @@ class Realization:
         self.audit.start()
         self.share: Sharing | None = None
         self.facts: dict[str, Any] | None = None
+        self.python: Interpreter | None = None
         self.locks: list[Lock] = []
         self.toolchain_lock: Lock | None = None
         self.unpacked: list[Unpacked] = []
@@ -109,21 +113,28 @@ class Realization:
             check_builds(self.recipe)
 
     def qualify(self) -> None:
+        self.python = interpreter(self.root, self.recipe.python, self.recipe.doc.where("recipe", "python")
+                                  if self.recipe.python else WHERE)
+        self.report["interpreter"] = self.python.summary()
         cache = self.root.cache("locks")
         tc_lock = self.recipe.toolchain_lock if self.builds else None
-        self.locks = [read_lock_cached(cache, p) for p in self.recipe.locks if p != tc_lock]
+        self.locks = [read_lock_cached(cache, p, self.python) for p in self.recipe.locks if p != tc_lock]
         if tc_lock is not None:
-            self.toolchain_lock = read_lock_cached(cache, tc_lock)
+            self.toolchain_lock = read_lock_cached(cache, tc_lock, self.python)
         if self.builds:
             from hermetic.build.host import qualify
-            self.facts = qualify(self.root, self.recipe.python, need_torch=True)
+            self.facts = qualify(self.root, self.recipe.python, need_torch=True,
+                                 where=self.recipe.doc.where("recipe", "python") if self.recipe.python else WHERE)
         self.lap("qualify")
 
     def fetch(self) -> None:
-        self.unpacked = fetch_and_unpack(self.root, self.store, self.locks, self.reporter, self.counts, self.share)
+        assert self.python is not None
+        tags = self.python.tags
+        self.unpacked = fetch_and_unpack(self.root, self.store, self.locks, self.reporter, self.counts, self.share,
+                                         tags)
         if self.toolchain_lock is not None:
             self.toolchain_unpacked = fetch_and_unpack(self.root, self.store, [self.toolchain_lock], self.reporter,
-                                                       self.counts, self.share)
+                                                       self.counts, self.share, tags)
         self.lap("fetch")
 
     def toolchain(self) -> None:
@@ -154,7 +165,11 @@ class Realization:
 
     def materialize(self) -> None:
         self.reporter.event("phase", phase="materializing")
-        self.files = merge_files((u.entry, u.files) for u in self.unpacked)
+        assert self.python is not None
+        bin_files = launchers(self.store, [(u.entry, s) for u in self.unpacked for s in u.scripts],
+                              self.python.executable)
+        self.files = merge_files([*((u.entry, u.files) for u in self.unpacked),
+                                  ("the launchers for " + self.python.label, bin_files)])
         links = toolchain_links(self.recipe.toolchain, self.files) if self.recipe.toolchain and not self.builds \
             else {}
         self.refs = [entry_ref(u.entry) for u in self.unpacked]
@@ -195,8 +210,8 @@ class Realization:
         self.report["outside_root_audit"] = self.audit.finish()
         outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
                                         [*self.unpacked, *self.toolchain_unpacked], self.report)
-        record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), _host_paths(self.report),
-                      outcome)
+        host = [*_host_paths(self.report), *([Path(self.python.executable)] if self.python else [])]
+        record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), host, outcome)
         self.lap("receipt")
         self.timings["total"] = round(time.monotonic() - self.started, 4)
         return outcome

@@ -18,13 +18,15 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
                   report: dict[str, Any]) -> Path:
     import sys
     uname = os.uname()  # platform.platform() also reads the interpreter's binary for its libc: too slow here
+    python = report.get("interpreter") or {}  # the recipe's; a build's qualification (report["host"]) says more
     body: dict[str, Any] = {
         "format": 1, "kind": "realize", "hermetic": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": {"name": outcome.name, "path": str(outcome.recipe_path),
                    "sha256": fs.sha256_file(outcome.recipe_path)[0]},
         "locks": [{"path": str(lk.path), "sha256": lk.sha256, "format": lk.format} for lk in locks],
-        "host": {"python": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable,
+        "host": {"python": python.get("python", ".".join(map(str, sys.version_info[:3]))),
+                 "executable": python.get("executable", sys.executable),
                  "platform": f"{uname.sysname}-{uname.release}-{uname.machine}"},
         "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
         "tree": outcome.tree, "profile": str(outcome.profile),

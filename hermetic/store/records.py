@@ -13,6 +13,7 @@ from typing import Literal, NotRequired, TypedDict
 FileSpec = tuple[str, bool]            # (sha256 of the bytes, executable)
 FileMap = dict[str, FileSpec]          # path in the tree -> its blob
 InputHash = tuple[str, str, str]       # (input path, "raw" or "stripped", sha256 of that content)
+EntryPoint = tuple[str, str, str, str]  # (script name, module, attribute, "console" or "gui")
 
 
 # what records name ----------------------------------------------------------------------------------------
@@ -63,6 +64,7 @@ class HostIdentity(TypedDict):
     torch: str | None
     torch_cuda: str | None
     cxx11_abi: bool | None
+    triton: NotRequired[str]   # in records and import checks (host_record), not in keys
 
 
 class SourceOrigin(TypedDict):
@@ -81,6 +83,7 @@ class UnpackedRecord(TypedDict):
     wheel: str             # the wheel's sha256 (its blob)
     filename: str
     files: FileMap
+    scripts: NotRequired[list[EntryPoint]]   # entry points: launchers are written per interpreter, in trees
     refs: list[str]
 
 

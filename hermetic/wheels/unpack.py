@@ -1,13 +1,14 @@
 """Unpack a wheel into the store's blobs through the installer library.
 
-installer supplies the scheme mapping, entry-point launchers and its path-traversal guard; the destination
-below writes each file's bytes as a blob instead of a file, and records (path, blob, executable bit).
+installer supplies the scheme mapping, the entry points and its path-traversal guard; the destination
+below writes each file's bytes as a blob instead of a file, and records (path, blob, executable bit). Entry
+points are recorded, not written: a launcher names an interpreter, and an unpacked entry is for any
+interpreter (``wheels.scripts`` writes the launchers when a tree is laid out for one).
 """
 
 from __future__ import annotations
 
 import base64
-import io
 import zipfile
 import zlib
 from pathlib import Path
@@ -17,22 +18,19 @@ from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.exceptions import InstallerError
 from installer.records import Hash, RecordEntry
-from installer.scripts import Script
 from installer.sources import WheelFile
 from installer.utils import Scheme
 
 from hermetic.errors import BadInput
 from hermetic.store import STORE_FORMAT, Staging, blob_ref
-from hermetic.store.records import FileMap
+from hermetic.store.records import EntryPoint, FileMap
 from hermetic.store.trees import check_relpath
+from hermetic.wheels.scripts import check_script
 
 if TYPE_CHECKING:
     from installer.scripts import ScriptSection
 
 _VBASE = "/hermetic-target"
-# Entry-point launchers find python3 on PATH (``hermetic env`` puts the recipe's interpreter first), so an
-# unpacked wheel does not depend on one interpreter and moves between machines with ``hermetic export``.
-SCRIPT_INTERPRETER = "/usr/bin/env python3"
 # A decompression bomb stops here, before a byte is inflated: the zip's declared sizes bound what zipfile
 # will ever return. The largest real wheels (torch with CUDA) unpack to a few GiB.
 MAX_WHEEL_BYTES = 16 << 30
@@ -53,7 +51,7 @@ def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where
     staging.commit_blobs()  # only a wheel unpacked whole puts anything in the store
     staging.record = {"format": STORE_FORMAT, "name": staging.name, "kind": "unpacked", "wheel": wheel_sha256,
                       "filename": wheel_path.name, "files": dict(sorted(dest.files.items())),
-                      "refs": [blob_ref(wheel_sha256)]}
+                      "scripts": sorted(dest.scripts), "refs": [blob_ref(wheel_sha256)]}
 
 
 def _check_members(wheel_path: Path, where: str) -> None:
@@ -91,9 +89,10 @@ class _BlobDestination(SchemeDictionaryDestination):
         super().__init__(
             scheme_dict={"purelib": _VBASE, "platlib": _VBASE, "headers": f"{_VBASE}/include",
                          "scripts": f"{_VBASE}/bin", "data": _VBASE},
-            interpreter=SCRIPT_INTERPRETER, script_kind="posix")
+            interpreter="", script_kind="posix")
         self.staging = staging  # the files' bytes wait in the entry's staging folder until the wheel is whole
         self.files: FileMap = {}
+        self.scripts: list[EntryPoint] = []
 
     def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
         target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
@@ -106,5 +105,9 @@ class _BlobDestination(SchemeDictionaryDestination):
         return RecordEntry(path, Hash("sha256", _record_hash(digest)), size)
 
     def write_script(self, name: str, module: str, attr: str, section: ScriptSection) -> RecordEntry:
-        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
-        return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), True)
+        check_script(name, module, attr, section)
+        rel = f"bin/{name}"
+        if rel in self.files or any(s[0] == name for s in self.scripts):
+            raise ValueError(f"the wheel writes {rel} twice")
+        self.scripts.append((name, module, attr, section))
+        return RecordEntry(name, None, None)  # written for an interpreter when a tree is laid out

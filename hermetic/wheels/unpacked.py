@@ -8,6 +8,7 @@ lists (``store.trees``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,10 +20,13 @@ from hermetic.locks.types import Lock, LockedWheel
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import Staging, Store, entry_name
+from hermetic.store.records import EntryPoint
 from hermetic.store.substitute import Substituter
 from hermetic.store.trees import FileMap
 
 if TYPE_CHECKING:
+    from packaging.tags import Tag
+
     from hermetic.fetch.download import Fetcher
 
 
@@ -31,6 +35,8 @@ class Unpacked:
     entry: str
     wheel_sha256: str
     files: FileMap
+    scripts: tuple[EntryPoint, ...] = ()
+    filename: str = ""
 
 
 def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
@@ -39,12 +45,18 @@ def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
 
 def load_unpacked(store: Store, name: str) -> Unpacked:
     rec = store.unpacked_record(name)
-    return Unpacked(name, rec["wheel"], {p: (d, bool(x)) for p, (d, x) in rec["files"].items()})
+    return Unpacked(name, rec["wheel"], {p: (d, bool(x)) for p, (d, x) in rec["files"].items()},
+                    tuple((n, m, a, s) for n, m, a, s in rec.get("scripts", [])), rec["filename"])
 
 
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
-                     counts: dict[str, int], share: Substituter | None = None) -> list[Unpacked]:
-    """Each locked wheel unpacked in the store, fetching only what is missing.
+                     counts: dict[str, int], share: Substituter | None = None,
+                     tags: Sequence[str] | None = None) -> list[Unpacked]:
+    """Each locked wheel unpacked in the store for the interpreter of ``tags`` (best first; None: the one
+    running hermetic), fetching only what is missing.
+
+    A pin by name and version (a pip hash lock's ``name==version``, hashes of several files) is satisfied
+    by a file whose tags the interpreter accepts: an entry unpacked for another interpreter is not reused.
 
     The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
     download and unpack each wheel once; the others wait and reuse it.
@@ -52,34 +64,20 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     wheels = _unique_wheels(locks)
     counts["wheels"] += len(wheels)
     out: list[Unpacked] = []
-    fetcher: Fetcher | None = None
+    get = _Acquire(store, reporter, counts, share, _Accepts(tags))
     for w in wheels:
-        found = _existing_unpacked(store, w)
+        found = _existing_unpacked(store, w, get.accepts)
         if found is not None:
             out.append(found)
             counts["reused"] += 1
             continue
-        name = unpacked_entry_name(w.hashes[0], w.name)
+        # A pin with the hashes of several files means the one this interpreter installs: which one is known
+        # only once it is found, and the entry is named by that file (not by the lock's first hash).
+        got = get(w) if w.filename is None and len(w.hashes) > 1 else None
+        name = unpacked_entry_name(got[0].name if got else w.hashes[0], w.name)
         with store.build_entry(name) as staging:
             if staging is not None:
-                fresh: Path | None = None
-                blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h)), None)
-                if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)):
-                    blob = store.blob_path(shared)            # from the remote cache, verified
-                    size = blob.stat().st_size
-                    share.counts["wheels_fetched"] += 1
-                    counts["fetched"] += 1
-                    counts["fetched_bytes"] += size
-                    reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
-                                   wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
-                if blob is None:
-                    if fetcher is None:  # requests and pip's configuration are loaded only when needed
-                        fetcher = _make_fetcher(store, reporter)
-                    reporter.event("phase", phase="fetching")
-                    blob, filename = _fetch(store, fetcher, w, reporter, counts)
-                    fresh = blob
-                else:
-                    filename = w.filename or _filename_from_wheel(w, blob)
+                blob, filename, fresh = got or get(w)
                 store.pin_blob(blob.name)
                 reporter.event("phase", phase="materializing")
                 try:
@@ -98,10 +96,63 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     return sorted(out, key=lambda u: u.entry)
 
 
-def _make_fetcher(store: Store, reporter: Reporter) -> Fetcher:
+def _make_fetcher(store: Store, reporter: Reporter, tags: Sequence[str] | None) -> Fetcher:
     from hermetic.fetch.download import Fetcher
     from hermetic.fetch.pipconfig import load_pip_config
-    return Fetcher(load_pip_config(), store.tmp, reporter)
+    return Fetcher(load_pip_config(), store.tmp, reporter, tags=_Accepts(tags).tag_list())
+
+
+class _Acquire:
+    """A locked wheel's file as a blob of the store: one already there, else the remote cache's, else fetched
+    (requests and pip's configuration are loaded only when a fetch is needed). Returns (blob, file name, the
+    blob when fetched just now)."""
+
+    def __init__(self, store: Store, reporter: Reporter, counts: dict[str, int], share: Substituter | None,
+                 accepts: _Accepts) -> None:
+        self.store, self.reporter, self.counts, self.share, self.accepts = store, reporter, counts, share, accepts
+        self.fetcher: Fetcher | None = None
+
+    def usable(self, w: LockedWheel, blob: Path) -> bool:
+        return bool(w.filename) or self.accepts(_filename_from_wheel(w, blob))
+
+    def __call__(self, w: LockedWheel) -> tuple[Path, str, Path | None]:
+        store, share, counts = self.store, self.share, self.counts
+        blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h) and self.usable(w, store.blob_path(h))),
+                    None)
+        if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)) \
+                and self.usable(w, store.blob_path(shared)):
+            blob = store.blob_path(shared)            # from the remote cache, verified
+            size = blob.stat().st_size
+            share.counts["wheels_fetched"] += 1
+            counts["fetched"] += 1
+            counts["fetched_bytes"] += size
+            self.reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
+                                wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
+        if blob is not None:
+            return blob, w.filename or _filename_from_wheel(w, blob), None
+        if self.fetcher is None:
+            self.fetcher = _make_fetcher(store, self.reporter, self.accepts.tags)
+        self.reporter.event("phase", phase="fetching")
+        fetched, filename = _fetch(store, self.fetcher, w, self.reporter, counts)
+        return fetched, filename, fetched
+
+
+class _Accepts:
+    """Whether a wheel's file name is installable by the interpreter of ``tags`` (parsed when first asked)."""
+
+    def __init__(self, tags: Sequence[str] | None) -> None:
+        self.tags = tags
+        self.rank: dict[Tag, int] | None = None
+
+    def tag_list(self) -> list[Tag]:
+        from packaging.tags import Tag, sys_tags
+        return [Tag(*t.split("-", 2)) for t in self.tags] if self.tags is not None else list(sys_tags())
+
+    def __call__(self, filename: str) -> bool:
+        from hermetic.locks.validate import tag_rank
+        if self.rank is None:
+            self.rank = {t: i for i, t in enumerate(self.tag_list())}
+        return tag_rank(filename, self.rank) is not None
 
 
 def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
@@ -127,12 +178,15 @@ def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
     return [seen[k] for k in sorted(seen)]
 
 
-def _existing_unpacked(store: Store, w: LockedWheel) -> Unpacked | None:
-    """A wheel already unpacked under any of its locked hashes needs no fetch, not even its file."""
+def _existing_unpacked(store: Store, w: LockedWheel, accepts: _Accepts) -> Unpacked | None:
+    """A wheel already unpacked under any of its locked hashes needs no fetch, not even its file; for a pin
+    without a file name, only one this interpreter can install."""
     for h in w.hashes:
         name = unpacked_entry_name(h, w.name)
         if store.use(name):
-            return load_unpacked(store, name)
+            found = load_unpacked(store, name)
+            if w.filename or accepts(found.filename):
+                return found
     return None
 
 

@@ -1,0 +1,233 @@
+"""The interpreter a recipe names (issue 19), with hermetic itself on the system 3.11: pyenv's 3.13 and
+3.12 have no packaging installed, so every tag and marker they get comes from asking them with hermetic's.
+
+Real wheels throughout: zstandard 0.25.0's binary wheels for cp311 and cp313 (``pip download`` from pip's
+configured index, once per session, into .cache/), and small wheels built by the tests, served by the
+loopback index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hermetic.build.host import host_record, qualify
+from hermetic.errors import PreconditionFailed
+from hermetic.root import Root
+from hermetic.store.archive import _check_hosts
+from tests.support.cli import REPO, Hermetic
+from tests.support.index import LoopbackIndex
+from tests.support.recipes import pip_lock_line, recipe_toml
+from tests.support.wheels import build_wheel
+
+ZSTD = "0.25.0"
+PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+
+
+def _pyenv(minor: str) -> Path:
+    found = sorted(PYENV.glob(f"3.{minor}.*/bin/python3.{minor}"))
+    if not found:
+        pytest.skip(f"no pyenv CPython 3.{minor} under {PYENV}")
+    return found[-1]
+
+
+@pytest.fixture(scope="session")
+def py313() -> Path:
+    return _pyenv("13")
+
+
+@pytest.fixture(scope="session")
+def zstd_wheels() -> dict[str, Path]:
+    """zstandard's cp311 and cp313 manylinux wheels, downloaded from pip's configured index."""
+    out = REPO / ".cache" / "test-wheels" / "zstandard"
+    wheels: dict[str, Path] = {}
+    for v in ("311", "313"):
+        have = sorted(out.glob(f"zstandard-{ZSTD}-cp{v}-cp{v}-*x86_64*.whl"))
+        if not have:
+            p = subprocess.run([sys.executable, "-m", "pip", "download", f"zstandard=={ZSTD}", "--no-deps",
+                                "--only-binary=:all:", "--python-version", f"3.{v[1:]}", "--platform",
+                                "manylinux_2_17_x86_64", "-d", str(out)], capture_output=True, text=True,
+                               timeout=300)
+            have = sorted(out.glob(f"zstandard-{ZSTD}-cp{v}-cp{v}-*x86_64*.whl"))
+            if not have:
+                pytest.skip(f"pip download of zstandard for cp{v} failed: {p.stderr[-500:]}")
+        wheels[v] = have[0]
+    return wheels
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _recipe(folder: Path, name: str, lock: str, lock_text: str, python: Path | str | None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / lock).write_text(lock_text)
+    text = recipe_toml(name, locks=[lock])
+    if python is not None:
+        text = text.replace(f'name = "{name}"\n', f'name = "{name}"\npython = "{python}"\n', 1)
+    recipe = folder / f"{name}.toml"
+    recipe.write_text(text)
+    return recipe
+
+
+def _profile_files(root: Path, name: str) -> list[str]:
+    profile = root / "profiles" / name
+    return sorted(str(p.relative_to(profile)) for p in profile.rglob("*") if p.is_file())
+
+
+def _backend(files: list[str]) -> list[str]:
+    return [f for f in files if f.startswith("zstandard/backend_c.")]
+
+
+def _import_zstandard(h: Hermetic, recipe: Path) -> tuple[str, str]:
+    r = h("env", recipe, "--", "python", "-c",
+          "import sys, zstandard; print('%d.%d' % sys.version_info[:2], zstandard.backend)")
+    assert r.rc == 0, r.err
+    version, backend = r.out.split()
+    return version, backend
+
+
+def test_pip_hash_lock_for_313_chooses_cp313_and_env_runs_313(hermetic: Hermetic, index: LoopbackIndex,
+                                                               tmp_path: Path, py313: Path,
+                                                               zstd_wheels: dict[str, Path]) -> None:
+    index.add(*zstd_wheels.values())
+    # one pin, both files' hashes: which file is meant depends on the interpreter
+    lock = f"zstandard=={ZSTD} --hash=sha256:{_sha(zstd_wheels['311'])} --hash=sha256:{_sha(zstd_wheels['313'])}\n"
+    r311 = _recipe(tmp_path / "r", "z311", "z.txt", lock, None)
+    r313 = _recipe(tmp_path / "r", "z313", "z.txt", lock, py313)
+    # the 3.11 realize first: its unpacked cp311 entry must not be reused for 3.13
+    hermetic("realize", r311, check=True)
+    hermetic("realize", r313, check=True)
+    assert _backend(_profile_files(hermetic.root, "z311")) == ["zstandard/backend_c.cpython-311-x86_64-linux-gnu.so"]
+    assert _backend(_profile_files(hermetic.root, "z313")) == ["zstandard/backend_c.cpython-313-x86_64-linux-gnu.so"]
+    assert _import_zstandard(hermetic, r313) == ("3.13", "cext")
+    assert _import_zstandard(hermetic, r311) == ("3.11", "cext")
+    receipt = json.loads(sorted((hermetic.root / "receipts").glob("z313-*.json"))[-1].read_text())
+    assert receipt["host"]["executable"] == str(py313) and receipt["host"]["python"].startswith("3.13")
+    assert receipt["interpreter"]["best_tag"].startswith("cp313-cp313-manylinux")
+    # a second realize is a no-op: the interpreter's facts and the lock for it are trusted by fingerprint
+    again = hermetic("--json", "realize", r313, check=True)
+    assert again.result.get("changed") is False, again.out[-2000:]
+
+
+def test_pylock_for_313_chooses_cp313(hermetic: Hermetic, tmp_path: Path, py313: Path,
+                                      zstd_wheels: dict[str, Path]) -> None:
+    entries = "".join(
+        f'  {{ path = "{w}", hashes = {{ sha256 = "{_sha(w)}" }} }},\n' for w in zstd_wheels.values())
+    lock = (f'lock-version = "1.0"\ncreated-by = "tests"\nrequires-python = ">=3.11"\n'
+            f'environments = ["python_version >= \'3.11\'"]\n\n'
+            f'[[packages]]\nname = "zstandard"\nversion = "{ZSTD}"\nwheels = [\n{entries}]\n')
+    recipe = _recipe(tmp_path / "r", "zp313", "pylock.toml", lock, py313)
+    hermetic("realize", recipe, check=True)
+    assert _backend(_profile_files(hermetic.root, "zp313")) == [
+        "zstandard/backend_c.cpython-313-x86_64-linux-gnu.so"]
+    assert _import_zstandard(hermetic, recipe) == ("3.13", "cext")
+    # requires-python and environments are evaluated for the named interpreter too
+    (tmp_path / "r" / "pylock.toml").write_text(lock.replace('requires-python = ">=3.11"',
+                                                             'requires-python = "<3.12"'))
+    r = hermetic("realize", recipe)
+    assert r.rc == 2 and "requires Python <3.12, but the interpreter is Python 3.13" in r.err, r.err
+
+
+def test_markers_are_the_named_interpreters(hermetic: Hermetic, index: LoopbackIndex, tmp_path: Path,
+                                            py313: Path) -> None:
+    wheels = tmp_path / "wheels"
+    old = build_wheel(wheels, "oldonly", "1.0", {"oldonly/__init__.py": "X = 1\n"})
+    every = build_wheel(wheels, "every", "1.0", {"every/__init__.py": "X = 1\n"})
+    index.add(old.path, every.path)
+    lock = pip_lock_line(every) + pip_lock_line(old).replace(" \\\n", ' ; python_version < "3.12" \\\n', 1)
+    r311 = _recipe(tmp_path / "r", "m311", "m.txt", lock, None)
+    r313 = _recipe(tmp_path / "r", "m313", "m.txt", lock, py313)
+    hermetic("realize", r311, check=True)
+    hermetic("realize", r313, check=True)
+    assert "oldonly/__init__.py" in _profile_files(hermetic.root, "m311")
+    files313 = _profile_files(hermetic.root, "m313")
+    assert "every/__init__.py" in files313 and "oldonly/__init__.py" not in files313
+
+
+def test_cp313_wheel_for_a_311_recipe_is_refused(hermetic: Hermetic, tmp_path: Path,
+                                                 zstd_wheels: dict[str, Path]) -> None:
+    w = zstd_wheels["313"]
+    recipe = _recipe(tmp_path / "r", "wrong", "w.txt", f"{w} --hash=sha256:{_sha(w)}\n", None)
+    r = hermetic("realize", recipe)
+    assert r.rc == 2, r.err
+    assert w.name in r.err and "Python 3.11" in r.err and "cp311-cp311" in r.err, r.err
+    assert "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("python, says", [
+    ("/nonexistent/bin/python3.13", "does not exist"),
+    ("no-such-python-3.99", "is not found on PATH"),
+    ("NOT_EXECUTABLE", "is not an executable file"),
+    ("PY27", "not CPython 3.11-3.14"),
+])
+def test_a_bad_interpreter_is_bad_input_naming_it(hermetic: Hermetic, tmp_path: Path, python: str,
+                                                  says: str) -> None:
+    if python == "NOT_EXECUTABLE":
+        python = str(tmp_path / "python3")
+        Path(python).write_text("#!/bin/sh\n")
+    if python == "PY27":
+        python = str(_pyenv_any("2.7"))
+    recipe = _recipe(tmp_path / "r", "bad", "b.txt", "", python)
+    # env runs the interpreter, it does not ask it: an existing one of the wrong version was refused at realize
+    for command in ("realize",) if says.startswith("not CPython") else ("realize", "env"):
+        r = hermetic(command, recipe)
+        assert r.rc == 2, (command, r.err)
+        assert python in r.err and says in r.err and "key recipe.python" in r.err, (command, r.err)
+        assert "Traceback" not in r.err
+
+
+def _pyenv_any(version: str) -> Path:
+    found = sorted(PYENV.glob(f"{version}.*/bin/python{version}"))
+    if not found:
+        pytest.skip(f"no pyenv Python {version}")
+    return found[-1]
+
+
+def test_console_scripts_run_the_environments_interpreter(hermetic: Hermetic, index: LoopbackIndex,
+                                                          tmp_path: Path, py313: Path) -> None:
+    tool = build_wheel(tmp_path / "wheels", "thetool", "2.5", {
+        "thetool/__init__.py": "",
+        "thetool/cli.py": "import sys\n\ndef main():\n    assert sys.argv[1:] == ['--version']\n"
+                          "    print('thetool 2.5 on %d.%d' % sys.version_info[:2])\n    return 0\n"},
+        entry_points="[console_scripts]\nthe-script = thetool.cli:main\n")
+    index.add(tool.path)
+    lock = pip_lock_line(tool)
+    r311 = _recipe(tmp_path / "r", "t311", "t.txt", lock, None)
+    r313 = _recipe(tmp_path / "r", "t313", "t.txt", lock, py313)
+    for recipe, minor in ((r311, "3.11"), (r313, "3.13")):
+        hermetic("realize", recipe, check=True)
+        r = hermetic("env", recipe, "--", "the-script", "--version")
+        assert r.rc == 0, r.err
+        assert r.out.strip() == f"thetool 2.5 on {minor}"
+    # one unpacked entry serves both interpreters; each tree holds its own launchers
+    entries = [p.name for p in (hermetic.root / "store" / "entries").iterdir()] \
+        if (hermetic.root / "store" / "entries").is_dir() else []
+    assert sum("thetool" in e for e in entries) <= 1
+    s311 = (hermetic.root / "profiles" / "t311" / "bin" / "the-script").read_text()
+    s313 = (hermetic.root / "profiles" / "t313" / "bin" / "the-script").read_text()
+    assert s313.startswith(f"#!{py313}\n") and s311.startswith(f"#!{os.path.abspath(sys.executable)}\n")
+    assert os.readlink(hermetic.root / "profiles" / "t311") != os.readlink(hermetic.root / "profiles" / "t313")
+
+
+def test_qualification_records_triton_beside_torch(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    triton = pytest.importorskip("triton")
+    from importlib.metadata import version
+    facts = qualify(Root(tmp_path / "root"), None, need_torch=True)
+    assert facts["triton"]["version"] == version("triton") == triton.__version__
+    assert facts["torch"]["version"]
+    record = host_record(facts)
+    assert record["triton"] == facts["triton"]["version"] and record["torch"] == facts["torch"]["version"]
+    # an imported closure built with another triton is refused, with both named
+    other = {**record, "triton": "0.0.1"}
+    with pytest.raises(PreconditionFailed) as info:
+        _check_hosts(lambda: record, {"mod-x": {"host": other}}, tmp_path / "a.tar.zst")
+    assert "triton=0.0.1" in info.value.render() and record["triton"] in info.value.render()
+    _check_hosts(lambda: record, {"mod-x": {"host": dict(record)}}, tmp_path / "a.tar.zst")
