@@ -78,12 +78,12 @@ def check_compatible(info: ToolchainInfo, toolchain: Toolchain, torch_cuda: str 
     found = {"nvcc": info.release, "CUDART_VERSION (nvidia-cuda-runtime headers)": info.cudart_version,
              "recipe toolchain.cuda": toolchain.cuda}
     if torch_cuda is not None:
-        found["torch.version.cuda" + (f" (torch of {python})" if python else "")] = \
-            ".".join(torch_cuda.split(".")[:2])
+        found["torch.version.cuda"] = ".".join(torch_cuda.split(".")[:2])
     if len(set(found.values())) == 1:
         return
-    want = next((v for k, v in found.items() if k.startswith("torch.version.cuda")), toolchain.cuda)
-    listing = ", ".join(f"{k} {v}" for k, v in found.items())
+    want = found.get("torch.version.cuda", toolchain.cuda)
+    listing = ", ".join(f"{k} {v}" + (f" (the torch of {python})" if k == "torch.version.cuda" and python else "")
+                        for k, v in found.items())
     raise PreconditionFailed(
         f"the CUDA toolchain does not match: {listing} (nvcc {info.nvcc_version})",
         hint=f"pin every compiler wheel to CUDA {want}: nvidia-cuda-nvcc=={want}.*, nvidia-nvvm=={want}.*, "

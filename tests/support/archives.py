@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
+from hermetic.keys import unpacked_key
 from hermetic.store import STORE_FORMAT, blob_ref, entry_name, entry_ref
 from hermetic.store.trees import tree_entry_name
 
@@ -24,7 +25,7 @@ def honest_records() -> tuple[dict[str, dict[str, Any]], dict[str, bytes], dict[
     digest = hashlib.sha256(FILE).hexdigest()
     wheel = hashlib.sha256(b"a wheel that is not in the archive").hexdigest()
     files = {"crafted/__init__.py": [digest, False]}
-    unpacked = entry_name(hashlib.sha256(f"unpacked-v1\0{wheel}".encode()).hexdigest(), "crafted")  # layout.md
+    unpacked = entry_name(unpacked_key(wheel), "crafted")  # layout.md
     tree = tree_entry_name(ROOT, {p: (d, x) for p, (d, x) in files.items()}, {})
     entries = {
         unpacked: {"format": STORE_FORMAT, "name": unpacked, "kind": "unpacked", "wheel": wheel,
