@@ -99,13 +99,16 @@ def test_the_verdict_reads_one_compiled_graph_per_call() -> None:
     assert verdict(0, 0, {})["status"] == "not-called"
 
 
-def test_the_cache_key_changes_with_torch_cuda_triton_and_python() -> None:
-    base = cache_key("2.14.1+cu130", "13.0", "3.8.0", "3.11")
-    assert base == "torch2.14.1_cu130-cuda13.0-triton3.8.0-py3.11"
-    others = {cache_key("2.14.2+cu130", "13.0", "3.8.0", "3.11"), cache_key("2.14.1+cu130", "12.8", "3.8.0", "3.11"),
-              cache_key("2.14.1+cu130", "13.0", "3.8.1", "3.11"), cache_key("2.14.1+cu130", "13.0", None, "3.11"),
-              cache_key("2.14.1+cu130", "13.0", "3.8.0", "3.12")}
-    assert base not in others and len(others) == 5
+def test_the_cache_key_changes_with_torch_cuda_triton_python_and_isa() -> None:
+    base = cache_key("2.14.1+cu130", "13.0", "3.8.0", "3.11", "AVX512")
+    assert base == "torch2.14.1_cu130-cuda13.0-triton3.8.0-py3.11-avx512"
+    others = {cache_key("2.14.2+cu130", "13.0", "3.8.0", "3.11", "AVX512"),
+              cache_key("2.14.1+cu130", "12.8", "3.8.0", "3.11", "AVX512"),
+              cache_key("2.14.1+cu130", "13.0", "3.8.1", "3.11", "AVX512"),
+              cache_key("2.14.1+cu130", "13.0", None, "3.11", "AVX512"),
+              cache_key("2.14.1+cu130", "13.0", "3.8.0", "3.12", "AVX512"),
+              cache_key("2.14.1+cu130", "13.0", "3.8.0", "3.11", "AVX2")}
+    assert base not in others and len(others) == 6
 
 
 def test_compiled_and_triton_digests_form_their_own_classes() -> None:

@@ -467,8 +467,8 @@ def main(argv: list[str]) -> int:
                "measure_seconds": round(time.monotonic() - t0 - t_checks, 3),
                "kernels": plan["kernels"], "kernels_skipped": skipped,
                "compile": {"sets": {c.name: c.record() for c in compiled}, **events.record(),
-                           "caches": caches, "warmup_seconds": round(t0 + t_checks - t_start, 3)
-                           + flags["warmup_s"]}}
+                           "caches": caches,
+                           "warmup_seconds": round(t0 + t_checks - t_start + flags["warmup_s"], 3)}}
     # The one file this process writes, atomically by hand: it imports nothing from hermetic (it runs in the host
     # interpreter inside the realized environment, where hermetic.fs is not its library).
     tmp = plan["results"] + ".tmp"

@@ -4,9 +4,9 @@ Like ``child`` (which imports it), this module imports nothing from hermetic: it
 inside the realized environment.
 
 * **Caches.** Inductor's, Triton's, CUDA's JIT cache and torch's extensions folder live in the root, one folder
-  per torch, CUDA, triton and Python version (``cache_key``): a changed torch or triton starts an empty folder
-  instead of reusing an entry it did not write. ``use_kernel_caches`` points the four variables there before
-  anything compiles or initialises CUDA.
+  per torch, CUDA, triton and Python version and CPU capability (``cache_key``): a changed torch or triton
+  starts an empty folder instead of reusing an entry it did not write. ``use_kernel_caches`` points the four
+  variables there before anything compiles or initialises CUDA.
 * **Compiles.** A compiled set (``CompiledSet``) is torch.compile with a counting backend around the real one:
   each backend call is one graph compiled (or loaded from Inductor's cache), each run of a graph is counted,
   and so is each call of the compiled function. ``verdict`` reads these: one graph run per call is compiled;
@@ -37,9 +37,13 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def cache_key(torch_version: str, torch_cuda: str | None, triton_version: str | None, python: str) -> str:
-    """The folder name of one runtime's kernel caches: everything that makes a cached kernel stale."""
-    raw = f"torch{torch_version}-cuda{torch_cuda or 'none'}-triton{triton_version or 'none'}-py{python}"
+def cache_key(torch_version: str, torch_cuda: str | None, triton_version: str | None, python: str,
+              cpu_capability: str) -> str:
+    """The folder name of one runtime's kernel caches: everything that makes a cached kernel stale. The CPU
+    capability torch dispatches to is Inductor's target too (it follows ATEN_CPU_CAPABILITY), and Inductor's
+    own graph cache does not tell them apart: an AVX-512 graph was a cache hit under ATEN_CPU_CAPABILITY=avx2."""
+    raw = (f"torch{torch_version}-cuda{torch_cuda or 'none'}-triton{triton_version or 'none'}-py{python}"
+           f"-{cpu_capability.lower()}")
     return re.sub(r"[^A-Za-z0-9._-]", "_", raw)
 
 
@@ -48,7 +52,7 @@ def use_kernel_caches(base: str) -> dict[str, Any]:
     and before anything compiles or CUDA initialises (its driver reads CUDA_CACHE_PATH once, at cuInit)."""
     import torch
     key = cache_key(torch.__version__, torch.version.cuda, package_version("triton"),
-                    f"{sys.version_info[0]}.{sys.version_info[1]}")
+                    f"{sys.version_info[0]}.{sys.version_info[1]}", torch.backends.cpu.get_cpu_capability())
     folders = {}
     for name, var in CACHE_VARIABLES.items():
         path = os.path.join(base, key, name)
