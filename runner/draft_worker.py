@@ -12,7 +12,7 @@ vocabulary parallel (each rank computes half of the logits; they are gathered wh
 all-gather). Both exchanges go through the realized P2P extension (`accumulate`, `local_copy` / `cpu_copy`).
 On a GPU rank 1 runs on a second stream and the call is captured as one CUDA graph that joins both ranks; the
 MLP activation is the realized exllamav3 kernel (`silu_mul`, stock or facc) or the hand-written Triton one
-(runner/triton_kernels.py). On a CPU the call is eager. A compiled kernel set (an object with ``compile(fn)``:
+(runner/draft_triton.py). On a CPU the call is eager. A compiled kernel set (an object with ``compile(fn)``:
 torch.compile, Inductor's C++ on a CPU and Triton on a GPU) compiles each rank's whole MLP (both matmuls, the
 activation, the down projection); the rank exchange and the head stay as they are.
 

@@ -113,7 +113,7 @@ def test_the_cache_key_changes_with_torch_cuda_triton_python_and_isa() -> None:
 
 def test_compiled_and_triton_digests_form_their_own_classes() -> None:
     env = {"triton": "3.8.0", "kernel_sets": {"torch": {"ops": "torch"}, "compiled": {"compile": "inductor"},
-                                              "triton": {"module": "triton_kernels", "triton": True},
+                                              "triton": {"module": "draft_triton", "triton": True},
                                               "stock": {"module": "exllamav3_ext", "triton": False}}}
     assert kernel_class("cpu-x", "cpu", env, "compiled") == "cpu-x-inductor-cpp-triton3.8.0"
     assert kernel_class("sm90-t", "gpu", env, "compiled") == "sm90-t-inductor-triton-triton3.8.0"
