@@ -46,6 +46,8 @@ CACHES = {c.name: c for c in (
                          "prediction), while the file is unchanged"),
     Cache("imports", 1, "the import check of each environment tree that passed it"),
     Cache("builds", 1, "the certificate of each module's last build, for --explain"),
+    Cache("kernels", 1, "`hermetic run`'s compiled kernels (Inductor, Triton, CUDA's JIT, torch extensions), a "
+                        "folder per torch, CUDA, triton, Python and CPU capability: a change never reuses an entry"),
 )}
 
 

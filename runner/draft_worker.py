@@ -11,7 +11,10 @@ intermediate features; the two partial outputs are summed where a real pair woul
 vocabulary parallel (each rank computes half of the logits; they are gathered where a pair would
 all-gather). Both exchanges go through the realized P2P extension (`accumulate`, `local_copy` / `cpu_copy`).
 On a GPU rank 1 runs on a second stream and the call is captured as one CUDA graph that joins both ranks; the
-MLP activation is the realized exllamav3 kernel (`silu_mul`, stock or facc). On a CPU the call is eager.
+MLP activation is the realized exllamav3 kernel (`silu_mul`, stock or facc) or the hand-written Triton one
+(runner/draft_triton.py). On a CPU the call is eager. A compiled kernel set (an object with ``compile(fn)``:
+torch.compile, Inductor's C++ on a CPU and Triton on a GPU) compiles each rank's whole MLP (both matmuls, the
+activation, the down projection); the rank exchange and the head stay as they are.
 
 Two graphs: "original" (greedy only, as shipped) and "switch" (per-row greedy/sampled mask). With an
 all-greedy mask the switch graph runs the very same greedy operations and must match the original bit for bit.
@@ -185,6 +188,12 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
 
+def _mlp_math(hn: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """One rank's MLP as torch's ops, what a compiled set compiles (the same arithmetic as the eager path)."""
+    a = torch.nn.functional.silu(hn @ gate.t()) * (hn @ up.t())
+    return (a @ down.t()).float()
+
+
 def _gumbel(seed: int, depth: int, vocab: int) -> torch.Tensor:
     u = det_uniform(depth * vocab, seed + 1_000_003).clamp(1e-12, 1 - 1e-12)
     return (-torch.log(-torch.log(u))).to(torch.float32).reshape(depth, vocab)
@@ -203,6 +212,7 @@ class DraftWorker:
         self.p2p = p2p
         self.weights = Weights(self.params, self.device, self.dtype)
         self.rank1_stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        self.compiled: dict[str, Any] = {}  # compiled set -> its compiled MLP (both ranks share it)
 
     def prepare(self, *, graph: str, depth: int, batch: int, kernels: str) -> Call:
         if kernels not in self.kernels:
@@ -223,6 +233,11 @@ class DraftWorker:
 
     def _mlp_rank(self, hn: torch.Tensor, r: int, kernels: str) -> torch.Tensor:
         wt = self.weights
+        mod = self.kernels[kernels]
+        if hasattr(mod, "compile"):  # a compiled set: the rank's whole MLP is one graph
+            if kernels not in self.compiled:
+                self.compiled[kernels] = mod.compile(_mlp_math)
+            return self.compiled[kernels](hn, wt.gate[r], wt.up[r], wt.down[r])
         a = self._act(hn @ wt.gate[r].t(), hn @ wt.up[r].t(), kernels)
         return (a @ wt.down[r].t()).float()
 

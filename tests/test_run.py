@@ -81,10 +81,15 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     receipt = json.loads(Path(res["receipt"]).read_text())
     run_dir = Path(res["run_dir"])
     assert receipt["kind"] == "run" and receipt["device"] == "cpu" and receipt["refs"]
-    assert receipt["checks"]["exactness"]["passed"] and receipt["checks"]["exactness"]["comparisons"] == 240
+    # 240 comparisons per kernel set: torch's ops and the compiled set
+    assert receipt["checks"]["exactness"]["passed"] and receipt["checks"]["exactness"]["comparisons"] == 480
     dig = receipt["checks"]["digests"]
-    reference = REPO / "manifests" / "digests" / f"{dig['class']}.txt"
-    assert dig["status"] == ("match" if reference.exists() else "unknown-class")
+    assert len(dig["classes"]) == 2 and any(c.startswith(dig["class"] + "-inductor-cpp-") for c in dig["classes"])
+    for cls, one in dig["classes"].items():
+        reference = REPO / "manifests" / "digests" / f"{cls}.txt"
+        assert one["status"] == ("match" if reference.exists() else "unknown-class"), (cls, one)
+    comp = receipt["checks"]["compile"]
+    assert comp["passed"] and comp["timed_clean"] and comp["sets"]["compiled"]["status"] == "compiled"
     assert not receipt["memory_guard"]["tripped"] and receipt["memory_guard"]["peak_rss"] > 0
     assert receipt["limits"]["address_space"] == 32 << 30
     assert receipt["environment"]["threads"] == 2
@@ -95,7 +100,7 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     samples = results["samples"]
     order = {rep: [s["label"] for s in samples if s["rep"] == rep and s["call"] == 0] for rep in range(5)}
     assert order[1] == order[0][::-1] and order[2] == order[0]
-    assert len(set(order[0])) == 5 and "greedy-d5-b4/torch#aa" in order[0]
+    assert len(set(order[0])) == 9 and "greedy-d5-b4/torch#aa" in order[0] and "greedy-d5-b4/compiled" in order[0]
     assert all(s["discarded"] == (s["call"] == 0) for s in samples)
     comps = {c["name"]: c for c in results["analysis"]["comparisons"]}
     assert "sign_ci" in comps["A/A control"] and "skipped" in comps["facc vs stock kernels"]
@@ -117,10 +122,13 @@ def test_the_avx2_class_is_measured_and_matched_here_through_aten_cpu_capability
     assert receipt["environment"]["env"]["ATEN_CPU_CAPABILITY"] == "avx2"
     dig = receipt["checks"]["digests"]
     assert dig["class"].startswith("cpu-avx2-") and dig["class"].endswith("-t2")
-    reference = REPO / "manifests" / "digests" / f"{dig['class']}.txt"
-    assert dig["status"] == ("match" if reference.exists() else "unknown-class"), dig
-    if reference.exists():
-        assert dig["compared"] == 24 and dig["drift"]["pinned"]
+    for cls, one in dig["classes"].items():  # torch's ops' class and the compiled set's
+        reference = REPO / "manifests" / "digests" / f"{cls}.txt"
+        assert one["status"] == ("match" if reference.exists() else "unknown-class"), (cls, one)
+        if reference.exists():
+            assert one["compared"] == 24
+    if (REPO / "manifests" / "digests" / f"{dig['class']}.txt").exists():
+        assert dig["drift"]["pinned"]
 
 
 def test_a_one_ulp_switch_fails_the_exactness_check(run_root: tuple[Path, Path], tmp_path: Path) -> None:

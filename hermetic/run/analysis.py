@@ -60,7 +60,7 @@ def repetitions_advice(needed: int, *, run: int, halfwidth: float, confidence: f
 def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
     """Per-label summaries, paired comparisons, the A/A control, drift and the repetitions needed."""
     p = runner.protocol
-    kernels = runner.device(kind).kernels
+    kernels = tuple(raw.get("kernels") or runner.device(kind).kernels)  # the sets measured (some may be skipped)
     labels: list[str] = list(dict.fromkeys(s["label"] for s in raw["samples"]))
     reps = p.repetitions
     use = [s for s in raw["samples"] if not s["discarded"]]

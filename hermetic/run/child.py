@@ -7,6 +7,8 @@
    the first call of each block discarded; CUDA events bracket each whole call on a GPU (a monotonic clock on
    a CPU); NVML clock and clock-event-reason snapshots around every call, counters around every block;
 3. writes every raw sample and the checks to the results file named in the plan.
+Compiled kernel sets (torch.compile) and the kernel caches are ``compiling``'s (a sibling that imports nothing
+from hermetic either): every compile is counted per phase, and one inside the timed calls is reported.
 Progress goes to stdout as JSON lines; the parent (hermetic.run.pipeline) relays them and does the statistics.
 """
 
@@ -21,6 +23,8 @@ import os
 import sys
 import time
 from typing import Any
+
+from hermetic.run.compiling import CompiledSet, CompileEvents, package_version, use_kernel_caches
 
 # The clock-event reasons that make a sample invalid (a thermal or hardware slowdown, a power brake, a board or
 # reliability limit) and the one that only flags it (the software power cap), by nvidia-ml-py's names: it names
@@ -193,9 +197,9 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
     return mismatches, digests, made
 
 
-def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
+def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml, events: CompileEvents
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """(raw samples, per-block records, run flags)."""
+    """(raw samples, per-block records, run flags); ``events`` closes the warm-up and the timed phase."""
     import torch
     cuda = plan["device"] == "cuda"
     labels: list[tuple[str, Any]] = []
@@ -239,7 +243,8 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
 
     # warm-up: every label, at least warmup_calls each and warmup_seconds in all
     say("progress", phase="warm-up", done=0, total=None)
-    t_end = time.monotonic() + proto["warmup_seconds"]
+    t_warm = time.monotonic()
+    t_end = t_warm + proto["warmup_seconds"]
     rounds = 0
     while rounds < proto["warmup_calls"] or time.monotonic() < t_end:
         for _, c in labels:
@@ -248,10 +253,11 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
         say("progress", phase="warm-up", done=rounds, total=None)
         if rounds > 10_000:
             break
+    events.end_phase("warm-up")  # every compile belongs here or before: the timed phase must add none
 
     samples: list[dict[str, Any]] = []
     blocks: list[dict[str, Any]] = []
-    flags: dict[str, Any] = {"other_process_seen": [], "settles": 0}
+    flags: dict[str, Any] = {"other_process_seen": [], "settles": 0, "warmup_s": round(time.monotonic() - t_warm, 3)}
     mine = set(plan.get("own_gpu_pids", [])) | {os.getpid()}
     reps = proto["repetitions"]
     total_blocks = reps * len(labels)
@@ -286,6 +292,7 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml
             block["settled"] = heavy
             blocks.append(block)
             say("progress", phase="measure", done=len(blocks), total=total_blocks)
+    events.end_phase("timed")
     return samples, blocks, flags
 
 
@@ -350,16 +357,31 @@ def cpu_vendor() -> str:
     return "unknown"
 
 
-def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str, Any]:
+def kernel_set_facts(kernels: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What each measured kernel set is: torch's ops, a module (and whether it holds Triton kernels: its own
+    ``USES_TRITON``), or a compiled set and its backend (the digests' class follows it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, mod in kernels.items():
+        if isinstance(mod, CompiledSet):
+            out[k] = {"compile": mod.backend}
+        elif mod is None:
+            out[k] = {"ops": "torch"}
+        else:
+            out[k] = {"module": mod.__name__, "triton": bool(getattr(mod, "USES_TRITON", False))}
+    return out
+
+
+def environment_facts(plan: dict[str, Any], modules: dict[str, Any], kernels: dict[str, Any]) -> dict[str, Any]:
     import platform
 
     import torch
     facts: dict[str, Any] = {
         "python": platform.python_version(), "executable": sys.executable, "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda, "threads": torch.get_num_threads(),
+        "torch_cuda": torch.version.cuda, "triton": package_version("triton"), "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_vendor": cpu_vendor(),
         "affinity": sorted(os.sched_getaffinity(0)), "nice": os.nice(0),
         "modules": {name: getattr(m, "__file__", None) for name, m in modules.items()},
+        "kernel_sets": kernel_set_facts(kernels),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
                                                "ATEN_CPU_CAPABILITY", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
                                                "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH")},
@@ -371,19 +393,47 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any]) -> dict[str
     return facts
 
 
+def load_kernels(plan: dict[str, Any], modules: dict[str, Any]
+                 ) -> tuple[dict[str, Any], list[CompiledSet], dict[str, str]]:
+    """(kernel set -> module, None for torch's ops, or a CompiledSet; the compiled sets; skipped set -> why).
+    A module that says it cannot run here (``unavailable(device)`` returns a reason: no GPU, no triton) is
+    skipped with that reason; any other import failure is the run's."""
+    kernels: dict[str, Any] = {}
+    compiled: list[CompiledSet] = []
+    skipped: dict[str, str] = {}
+    for k in plan["kernels"]:
+        mod = plan["modules"][k]
+        if k in plan.get("compile", {}):
+            kernels[k] = CompiledSet(k, plan["compile"][k])
+            compiled.append(kernels[k])
+            continue
+        kernels[k] = importlib.import_module(mod) if mod else None
+        why = getattr(kernels[k], "unavailable", lambda device: None)(plan["device"])
+        if why:
+            skipped[k] = why
+            del kernels[k]
+            say("warning", message=f"kernel set {k} ({mod}) skipped: {why}")
+            continue
+        if mod:
+            modules[mod] = kernels[k]
+    return kernels, compiled, skipped
+
+
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         plan = json.load(f)
     say("progress", phase="load", done=0, total=1)  # importing torch and the modules takes seconds
+    t_start = time.monotonic()
     import torch
+    caches = use_kernel_caches(plan["kernel_cache"]) if plan.get("kernel_cache") else None
     torch.set_num_threads(plan["threads"])
     modules: dict[str, Any] = {}
-    kernels: dict[str, Any] = {}
-    for k in plan["kernels"]:
-        mod = plan["modules"][k]
-        kernels[k] = importlib.import_module(mod) if mod else None
-        if mod:
-            modules[mod] = kernels[k]
+    folder = os.path.dirname(os.path.abspath(plan["worker"]))  # kernel modules may sit beside the worker
+    if folder not in sys.path:
+        sys.path.append(folder)
+    kernels, compiled, skipped = load_kernels(plan, modules)
+    plan["kernels"] = [k for k in plan["kernels"] if k in kernels]
+    events = CompileEvents(compiled, caches["folder"] if caches else None)
     p2p = importlib.import_module(plan["p2p"])
     modules[plan["p2p"]] = p2p
     wmod, factory = load_worker(plan)
@@ -398,21 +448,27 @@ def main(argv: list[str]) -> int:
     # NVML may report host pids inside a container: our own context is whatever appeared with it
     plan["own_gpu_pids"] = sorted(nvml.pids() - before)
     states = wmod.load_states(plan["states"])
+    events.end_phase("load")
     say("progress", phase="load", done=1, total=1)
     calls: dict[tuple, Any] = {}
     t0 = time.monotonic()
     mismatches, digests, made = check_exactness(plan, worker, states, calls)
     t_checks = time.monotonic() - t0
-    samples, blocks, flags = measure(plan, worker, states, nvml)
+    events.end_phase("checks")  # the first calls of every shape: most compiling happens here
+    samples, blocks, flags = measure(plan, worker, states, nvml, events)
     p2p_result = None
     if device == "cuda" and plan.get("peer"):
         say("progress", phase="p2p", done=0, total=1)
         p2p_result = measure_p2p(p2p, plan["peer_bytes"], 20)
-    results = {"format": 1, "environment": environment_facts(plan, modules), "p2p": p2p_result,
+    results = {"format": 1, "environment": environment_facts(plan, modules, kernels), "p2p": p2p_result,
                "exactness": {"comparisons": made, "mismatches": mismatches, "seconds": round(t_checks, 3)},
                "digests": digests, "samples": samples, "blocks": blocks,
                "flags": {**flags, "own_gpu_pids": plan["own_gpu_pids"], "gpu_pids_before": sorted(before)},
-               "measure_seconds": round(time.monotonic() - t0 - t_checks, 3)}
+               "measure_seconds": round(time.monotonic() - t0 - t_checks, 3),
+               "kernels": plan["kernels"], "kernels_skipped": skipped,
+               "compile": {"sets": {c.name: c.record() for c in compiled}, **events.record(),
+                           "caches": caches,
+                           "warmup_seconds": round(t0 + t_checks - t_start + flags["warmup_s"], 3)}}
     # The one file this process writes, atomically by hand: it imports nothing from hermetic (it runs in the host
     # interpreter inside the realized environment, where hermetic.fs is not its library).
     tmp = plan["results"] + ".tmp"

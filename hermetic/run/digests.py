@@ -37,6 +37,43 @@ def device_class(kind: str, env: dict[str, Any]) -> str:
             f"-t{env['threads']}")
 
 
+def kernel_class(base: str, kind: str, env: dict[str, Any], kernels: str) -> str:
+    """The device class of one kernel set's digests. A compiled set's own class names its backend, what that
+    emits (C++ on a CPU, Triton on a GPU) and triton's version, and so does a Triton kernel set's: a new
+    compiler can change the bits while torch and the device stay the same. (On a CPU, Inductor emits no Triton;
+    naming triton's version there anyway only costs a re-record when it changes, never a wrong pass.)"""
+    info = (env.get("kernel_sets") or {}).get(kernels) or {}
+    triton = f"triton{env.get('triton') or 'none'}"
+    if info.get("compile"):
+        return f"{base}-{info['compile']}-{'triton' if kind == 'gpu' else 'cpp'}-{triton}"
+    if info.get("triton"):
+        return f"{base}-{triton}"
+    return base
+
+
+def split_by_class(digests: dict[str, str], base: str, kind: str, env: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Digests (``state/depth/kernels`` keys) grouped by their kernel set's class, the base class first."""
+    groups: dict[str, dict[str, str]] = {base: {}}
+    for key, value in digests.items():
+        groups.setdefault(kernel_class(base, kind, env, key.rsplit("/", 1)[-1]), {})[key] = value
+    return {cls: g for cls, g in groups.items() if g or cls == base}
+
+
+def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One digest check of several classes: the worst status leads (mismatch, unknown class, incomplete);
+    the first class's fields stay where a one-class run had them, every class's under ``classes``."""
+    order = ("mismatch", "unknown-class", "incomplete", "recorded", "match")
+    worst = min(results, key=lambda r: order.index(r["status"]))
+    out = {**results[0], "status": worst["status"], "mismatches": [m for r in results for m in r["mismatches"]],
+           "missing": [k for r in results for k in r["missing"]], "compared": sum(r["compared"] for r in results),
+           "classes": {r["class"]: {k: r.get(k) for k in ("file", "status", "compared", "previous")}
+                       | {"mismatches": len(r["mismatches"])} for r in results}}
+    for key in ("message", "drift"):
+        if key in worst:
+            out[key] = worst[key]
+    return out
+
+
 def unknown_class_message(cls: str, path: Path) -> str:
     return (f"no reference digests for device class {cls} ({path} does not exist): this run's outputs were "
             f"compared with nothing, which is not a pass. Record them on a machine of this class with "

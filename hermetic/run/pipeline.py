@@ -31,7 +31,7 @@ from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.run.analysis import analyze
 from hermetic.run.devices import cpu_facts, gpu_preconditions, lock_dir, pick_device, take_lock
-from hermetic.run.digests import check_digests, device_class, receipt_facts, record_reference
+from hermetic.run.digests import check_digests, combine, device_class, receipt_facts, record_reference, split_by_class
 from hermetic.run.spec import Runner, load_runner
 from hermetic.store import entry_ref
 
@@ -99,6 +99,7 @@ def make_plan(runner: Runner, kind: str, run_dir: Path, gpu: Any, peer: Any = No
         "worker": str(runner.worker), "factory": runner.factory, "params": runner.params,
         "states": str(runner.states), "device": "cuda" if kind == "gpu" else "cpu",
         "gpu_uuid": gpu.uuid if gpu else None, "kernels": list(spec.kernels), "modules": runner.modules,
+        "compile": {k: b for k, b in runner.compiled.items() if k in spec.kernels},
         "p2p": runner.p2p_module, "threads": spec.threads,
         "check_depths": list(runner.check_depths), "check_batches": list(runner.check_batches),
         "cells": [{"name": c.name, "graph": c.graph, "depth": c.depth, "batch": c.batch, "mask": c.mask,
@@ -121,6 +122,7 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
     from hermetic.run.guard import MemoryGuard
     spec = runner.device(kind)
     plan = make_plan(runner, kind, run_dir, gpu, peer)
+    plan["kernel_cache"] = str(root.cache_dir("kernels"))  # the child keys a folder in it by torch and triton
     plan_path = run_dir / "plan.json"
     fs.atomic_write_json(plan_path, plan, pretty=True)
     env = child_env(root, runner, kind, realized, [g.uuid for g in (gpu, peer) if g is not None])
@@ -296,21 +298,28 @@ class Measurement:
         analysis = analyze(raw, runner, kind)
         cls = device_class(kind, raw["environment"])
         self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]))
-        dig = check_digests(raw["digests"], runner.digests, cls, now=receipt_facts(self.body),
-                            recording=self.record_digests)
+        self.digest_groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
+        dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(self.body),
+                                     recording=self.record_digests) for c, group in self.digest_groups.items()])
         exact = raw["exactness"]
+        compiled = compile_check(raw)
         checks = {"exactness": {"comparisons": exact["comparisons"], "mismatches": len(exact["mismatches"]),
                                 "passed": not exact["mismatches"]},
                   "digests": {**{k: v for k, v in dig.items() if k != "mismatches"},
-                              "mismatches": len(dig["mismatches"])}}
-        failed = bool(exact["mismatches"]) or dig["status"] == "mismatch"
+                              "mismatches": len(dig["mismatches"])},
+                  "compile": compiled}
+        failed = bool(exact["mismatches"]) or dig["status"] == "mismatch" or not compiled["passed"]
         self.code = 1 if failed else 0
         self.results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
                         "environment": raw["environment"], "checks": checks,
                         "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
-                        "analysis": analysis, "p2p": raw.get("p2p"),
+                        "analysis": analysis, "p2p": raw.get("p2p"), "compile": raw.get("compile"),
+                        "kernels": raw.get("kernels"), "kernels_skipped": raw.get("kernels_skipped", {}),
                         "flags": {**analysis["flags"], **raw["flags"],
-                                  "unknown_digest_class": dig["status"] == "unknown-class"},
+                                  "unknown_digest_class": dig["status"] == "unknown-class",
+                                  "compiled_in_timed_phase": not compiled["timed_clean"],
+                                  "not_compiled": sorted(k for k, v in compiled["sets"].items()
+                                                         if not v["compiled"])},
                         "blocks": raw["blocks"], "samples": raw["samples"]}
         self.digests = dig
         self.body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
@@ -349,11 +358,30 @@ class Measurement:
         fs.atomic_write_json(receipt, self.body, pretty=True)
         fs.atomic_write_json(self.run_dir / "receipt.json", self.body, pretty=True)
         if self.raw is not None and self.record_digests:  # last: the reference pins the receipt just written
-            path = record_reference(self.raw["digests"], self.runner.digests, self.body["device_class"],
-                                    runner_name=name, receipt=receipt, receipt_body=self.body)
-            self.reporter.event("run-record", f"recorded {len(self.raw['digests'])} reference digests in {path}, "
-                                              f"pinned to receipt {receipt.name}", path=str(path))
+            for cls, group in self.digest_groups.items():
+                path = record_reference(group, self.runner.digests, cls, runner_name=name, receipt=receipt,
+                                        receipt_body=self.body)
+                self.reporter.event("run-record", f"recorded {len(group)} reference digests in {path}, "
+                                                  f"pinned to receipt {receipt.name}", path=str(path))
         return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
+
+
+def compile_check(raw: dict[str, Any]) -> dict[str, Any]:
+    """Passed when every compiled set ran compiled (no graph break, no fallback to eager) and the timed phase
+    compiled nothing and wrote nothing into the kernel caches; with the counts a second run is judged by."""
+    rec = raw.get("compile") or {}
+    sets = rec.get("sets", {})
+    total = rec.get("total", {})
+    timed_clean = rec.get("timed_clean", True)
+    return {"passed": timed_clean and all(v["compiled"] for v in sets.values()),
+            "sets": {k: {f: v[f] for f in ("status", "compiled", "reason", "graphs", "calls", "graph_runs",
+                                           "compile_s")} for k, v in sets.items()},
+            "timed_clean": timed_clean, "timed_events": rec.get("timed_events", {}),
+            "graphs_traced": total.get("graphs", 0), "inductor_cache_misses": total.get("inductor_cache_misses", 0),
+            "inductor_cache_hits": total.get("inductor_cache_hits", 0),
+            "cache_files_written": total.get("cache_files", 0), "compiled_nothing": rec.get("compiled_nothing"),
+            "warmup_seconds": rec.get("warmup_seconds"),
+            "cache": (rec.get("caches") or {}).get("folder"), "skipped": raw.get("kernels_skipped", {})}
 
 
 def _module_hashes(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -403,8 +431,25 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
                                       f"({100 * c['sign_confidence']:.1f} %) -> {c['decision']}")
     chk = results["checks"]
     reporter.event("run-checks", f"exactness: {chk['exactness']['comparisons']} comparisons, "
-                                 f"{chk['exactness']['mismatches']} mismatches; digests ({dig['class']}): "
-                                 f"{dig['status']}")
+                                 f"{chk['exactness']['mismatches']} mismatches; digests: "
+                                 + ", ".join(f"{c} {v['status']}" for c, v in (dig.get("classes") or
+                                                                                {dig["class"]: dig}).items()))
+    comp = chk["compile"]
+    for k, v in comp["sets"].items():
+        reporter.event("run-compile", f"compiled set {k}: {v['status']} ({v['reason']}; {v['graphs']} graphs, "
+                                      f"{v['compile_s']:.1f} s in the backend)")
+        if not v["compiled"]:
+            reporter.warn(f"kernel set {k} is not what it claims to be: {v['reason']}")
+    if comp["sets"]:
+        reporter.event("run-compile", f"compiles: {comp['inductor_cache_misses']} graphs compiled, "
+                                      f"{comp['inductor_cache_hits']} loaded from the cache "
+                                      f"({comp['cache']}); {comp['warmup_seconds']:.1f} s before the first timed "
+                                      f"call")
+    if not comp["timed_clean"]:
+        reporter.warn(f"compiling inside the timed calls: {comp['timed_events']}; the timings are not of compiled "
+                      f"kernels alone")
+    for k, why in comp["skipped"].items():
+        reporter.event("run-compile", f"kernel set {k} skipped: {why}")
     if dig["status"] == "unknown-class":
         reporter.warn(dig["message"])
     if dig.get("previous") == "mismatch":

@@ -44,7 +44,12 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
               f"**{'pass' if chk['exactness']['passed'] else 'FAIL'}**",
               f"* digests ({chk['digests']['class']}): **{chk['digests']['status']}** "
               f"({chk['digests'].get('compared', 0)} compared, {chk['digests']['mismatches']} drifted)"]
+    classes = chk["digests"].get("classes") or {}
+    if len(classes) > 1:  # a compiled or Triton set's digests are their own class
+        lines += [f"  * `{c}`: {v['status']} ({v['compared']} compared, {v['mismatches']} drifted)"
+                  for c, v in classes.items()]
     lines += [f"  {line}" for line in digest_notes(results)]
+    lines += compile_lines(chk.get("compile"))
     lines.append("")
     mism = results["exactness_mismatches"]
     if mism:
@@ -124,6 +129,28 @@ def _aa_line(a: dict[str, Any]) -> str:
     if a.get("noisy"):
         return f"**failed**: {a['noisy']}; {rule}"
     return f"holds: interval [{lo:.4f}, {hi:.4f}], width {100 * (hi - lo):.2f} % ({rule})"
+
+
+def compile_lines(comp: dict[str, Any] | None) -> list[str]:
+    """The compile check: what each compiled set really ran, and whether the timed calls compiled anything."""
+    if not comp:
+        return []
+    lines = []
+    classes = ""
+    for k, v in comp["sets"].items():
+        lines.append(f"* compiled set `{k}`: **{'pass' if v['compiled'] else 'FAIL'}**, {v['status']}: "
+                     f"{v['reason']} ({v['graphs']} graphs for {v['calls']} calls, {v['compile_s']:.1f} s "
+                     f"in the backend)")
+    for k, why in comp.get("skipped", {}).items():
+        lines.append(f"* kernel set `{k}`: skipped ({why})")
+    timed = ("nothing compiled and nothing written into the kernel caches" if comp["timed_clean"]
+             else f"**compiled inside the timed calls** ({comp['timed_events']}): FAIL")
+    if comp["sets"]:
+        classes = (f"; {comp['inductor_cache_misses']} graphs compiled, {comp['inductor_cache_hits']} loaded "
+                   f"from the kernel cache, {comp['cache_files_written']} cache files written; "
+                   f"{comp['warmup_seconds']:.1f} s from the start to the first timed call")
+    lines.append(f"* timed phase: {timed}{classes}")
+    return lines
 
 
 def digest_notes(results: dict[str, Any]) -> list[str]:

@@ -2,8 +2,8 @@
 
 docs/run.md documents every key. Cells are named configurations of one worker call (graph, depth, batch,
 request mask); each cell runs once per kernel set of the device (`torch` on a CPU; the stock and facc
-exllamav3 modules on a GPU), so a label is ``cell/kernels``. Comparisons name two labels; a label without
-``/kernels`` means the device's first kernel set.
+exllamav3 modules on a GPU; ``compiled``, torch's ops through torch.compile, on both), so a label is
+``cell/kernels``. Comparisons name two labels; a label without ``/kernels`` means the device's first kernel set.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hermetic.tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key
 MASKS = ("greedy", "alternate", "alternate-odd", "sampled")
 GRAPHS = ("original", "switch")
 REPETITIONS_MAX = 1000                # what --repetitions and [protocol] repetitions accept
+COMPILE_BACKENDS = ("inductor",)      # `compiled = { compile = "inductor" }`: C++ on a CPU, Triton on a GPU
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Runner:
     states: Path
     digests: Path
     params: dict[str, Any]
-    modules: dict[str, str]           # kernel set -> module ("" = torch's own ops)
+    modules: dict[str, str]           # kernel set -> module ("" = torch's own ops, and every compiled set)
     p2p_module: str
     cpu: DeviceSpec
     gpu: DeviceSpec
@@ -105,6 +106,7 @@ class Runner:
     check_depths: tuple[int, ...]
     check_batches: tuple[int, ...]
     doc: TomlDoc = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    compiled: dict[str, str] = field(default_factory=dict)  # kernel set -> torch.compile backend
 
     def device(self, kind: str) -> DeviceSpec:
         return self.gpu if kind == "gpu" else self.cpu
@@ -163,7 +165,16 @@ def load_runner(path: Path) -> Runner:
 
     kern = _table(doc, data, "kernels", required=True)
     modules: dict[str, str] = {}
+    compiled: dict[str, str] = {}
     for k, v in kern.items():
+        if isinstance(v, dict):  # a compiled set: torch's ops through torch.compile
+            check_keys(doc, v, {"compile"}, ("kernels", k))
+            backend = get_key(doc, v, "compile", str, ("kernels", k), required=True)
+            if backend not in COMPILE_BACKENDS or not NAME_RE.match(k):
+                raise BadInput(f"kernels.{k}.compile = {backend!r} is not a torch.compile backend this runner knows",
+                               where=doc.where("kernels", k), hint=f'compile = "{COMPILE_BACKENDS[0]}"')
+            modules[k], compiled[k] = "", backend
+            continue
         mod = expect_type(doc, v, str, ("kernels", k))
         if not NAME_RE.match(k) or (mod and not MODULE_RE.match(mod)):
             raise BadInput(f"kernels.{k} = {mod!r} is not a kernel set name and a module name",
@@ -192,7 +203,7 @@ def load_runner(path: Path) -> Runner:
     compares = tuple(_compare(doc, i, c, names) for i, c in
                      enumerate(expect_type(doc, data.get("compare", []), list, ("compare",))))
     return Runner(path.resolve(), name, worker, factory, states, digests, params, modules, p2p, cpu, gpu,
-                  protocol, cells, compares, depths, batches, doc)
+                  protocol, cells, compares, depths, batches, doc, compiled)
 
 
 def _table(doc: TomlDoc, data: dict[str, Any], key: str, *, required: bool = False) -> dict[str, Any]:
