@@ -273,6 +273,13 @@ def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path
     p = _hermetic(other, "import", str(archive))
     assert p.returncode == 0, p.stderr
     assert _hermetic(other, "verify").returncode == 0
+    # the imported objects and module are indexed: the recipe realized in the new root (another path, no
+    # package index) fetches nothing and compiles nothing
+    p = _hermetic(other, "realize", str(P2P), "--json", env={"PIP_NO_INDEX": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    counts = p.result["counts"]
+    assert isinstance(counts, dict) and counts["fetched"] == 0 and counts["objects_compiled"] == 0, counts
+    assert counts["objects_reused"] == 2
     # the same closure, claiming a module built for another torch: refused, nothing imported
     module = next(e for e in (other / "store" / "entries").iterdir() if "-mod-" in e.name)
     meta_path = module / "meta.json"
