@@ -80,7 +80,8 @@ def recorded(path: Path) -> dict[str, Any]:
 def test_a_quiet_recorded_run_still_decides(runner: Runner) -> None:
     a = analyze(recorded(QUIET_H200), runner.with_overrides(repetitions=10), "gpu")
     assert a["noisy"] is None and not a["flags"]["aa_noisy"]
-    decisions = {c["name"]: c["decision"] for c in a["comparisons"]}
+    # the kernel sets added after these samples were taken (compiled, triton) have no cells in them: skipped
+    decisions = {c["name"]: c["decision"] for c in a["comparisons"] if "skipped" not in c}
     assert decisions == {"A/A control": "same", "switch graph vs original, all greedy": "slower",
                          "sampled rows vs greedy": "unclear", "facc vs stock kernels": "unclear"}
     assert a["aa"]["width"] < 0.005 < a["aa_max_width"] * a["threshold"]
