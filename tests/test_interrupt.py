@@ -12,22 +12,13 @@ import pytest
 
 from tests.support import cli
 from tests.support.builds import Project
+from tests.support.reliability import live_commands
 
 
 def _compilers_under(root: Path) -> list[int]:
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and str(root).encode() in cmd and any(t in cmd for t in (b"nvcc", b"cicc", b"cc1plus",
-                                                                              b"ptxas", b"ninja")):
-            pids.append(int(pid))
-    return pids
+    tools = (b"nvcc", b"cicc", b"cc1plus", b"ptxas", b"ninja")
+    return [pid for pid, cmd in live_commands().items()
+            if str(root).encode() in cmd and any(t in cmd for t in tools)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])

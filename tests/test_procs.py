@@ -16,7 +16,7 @@ from hermetic.build.sources import apply_patch
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.procs import Limits, TimedOut, exec_failure, run_limited
 from hermetic.root import Root
-from tests.support.reliability import survivors
+from tests.support.reliability import live_commands, survivors
 
 DIFF = """\
 --- a/a.txt
@@ -29,19 +29,8 @@ DIFF = """\
 
 def _alive_with(needle: str) -> list[str]:
     """Live processes whose command line holds ``needle`` (zombies are dead)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and needle.encode() in cmd:
-            shown = cmd.replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{pid}: {shown}")
-    return found
+    return [f"{pid}: " + cmd.replace(b"\0", b" ").decode(errors="replace")
+            for pid, cmd in live_commands().items() if needle.encode() in cmd]
 
 
 def _tree(tmp_path: Path) -> Path:

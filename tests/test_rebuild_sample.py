@@ -13,7 +13,7 @@ from pathlib import Path
 from hermetic.store import Store
 from tests.support import cli
 from tests.support.builds import Project, local_command
-from tests.support.reliability import kill_and_reap, survivors
+from tests.support.reliability import kill_and_reap, live_commands, survivors
 
 
 def _verify(root: Path, n: int) -> tuple[int, dict[str, object]]:
@@ -75,19 +75,8 @@ def test_gc_of_a_dropped_build_removes_its_objects_and_their_index(tmp_path: Pat
 def _recompiling(root: Path) -> list[int]:
     """Live compilers of a rebuild sample (their output goes to the root's tmp/rebuild-*)."""
     needle = f"{root}/tmp/rebuild-".encode()
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and needle in cmd and any(t in cmd for t in (b"nvcc", b"cicc", b"cc1plus", b"ptxas",
-                                                                     b"g++", b"c++")):
-            found.append(int(pid))
-    return found
+    tools = (b"nvcc", b"cicc", b"cc1plus", b"ptxas", b"g++", b"c++")
+    return [pid for pid, cmd in live_commands().items() if needle in cmd and any(t in cmd for t in tools)]
 
 
 def test_kill_9_mid_rebuild_sample_leaves_no_compiler(tmp_path: Path, shared_root: Path) -> None:

@@ -63,6 +63,22 @@ def child_env(home: Path, tmp: Path, extra: dict[str, str] | None = None) -> dic
 
 
 # --- processes ---------------------------------------------------------------------------------------
+def live_commands() -> dict[int, bytes]:
+    """pid -> command line (NUL-separated) of every live process but this one; zombies are dead."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            found[int(pid)] = cmd
+    return found
+
+
 def survivors(root: Path) -> list[str]:
     """Live processes of a scratch root: HOME or TMPDIR inside it (every child hermetic starts), or the root
     in their command line (compilers, ninja, the import check). Zombies are dead and not counted."""
