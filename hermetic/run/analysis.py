@@ -89,15 +89,22 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
 
     aa_label = f"{p.aa_cell}/{kernels[0]}"
 
-    pairs: list[tuple[str, str | None, str | None]] = []
+    def missing(*labels: str) -> str:
+        """The kernel sets a comparison needs that this run did not measure, and those it did."""
+        absent = [k for k in dict.fromkeys(lb.partition("/")[2] or kernels[0] for lb in labels) if k not in kernels]
+        if not absent:
+            return "its cells were not measured in this run"
+        return (f"needs kernel set{'s' if len(absent) != 1 else ''} {', '.join(absent)}, not measured on this "
+                f"device (it measures {', '.join(kernels)})")
+
+    pairs: list[tuple[str, str | None, str | None, str]] = []
     if p.aa_cell:
-        pairs.append(("A/A control", aa_label, aa_label + "#aa"))
-    pairs += [(c.name, resolve(c.a), resolve(c.b)) for c in runner.compares]
+        pairs.append(("A/A control", aa_label, aa_label + "#aa", missing(aa_label)))
+    pairs += [(c.name, resolve(c.a), resolve(c.b), missing(c.a, c.b)) for c in runner.compares]
     comparisons: list[dict[str, Any]] = []
-    for i, (name, a, b) in enumerate(pairs):
+    for i, (name, a, b, why) in enumerate(pairs):
         if a is None or b is None or a not in per_rep or b not in per_rep:
-            comparisons.append({"name": name,
-                                "skipped": f"needs kernel sets not on this device ({', '.join(kernels)})"})
+            comparisons.append({"name": name, "skipped": why})
             continue
         ra, rb = per_rep[a], per_rep[b]
         ok = [j for j in range(reps) if ra[j] == ra[j] and rb[j] == rb[j]]
