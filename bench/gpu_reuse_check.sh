@@ -17,8 +17,8 @@
 # realize stopped by `timeout` resumes at the next stage, reusing what it compiled (noted in its .time file).
 # Everything a stage writes lands in one archive, $OUT/stageN.tgz: per step NAME, NAME.jsonl (the --json
 # lines: events and the result), NAME.log (stderr), NAME.time (bash `time`, rc, epoch start and end),
-# NAME-receipt-*.json (the receipts the step wrote), NAME-ninja.log (the .ninja_log of the variant's build
-# folder), NAME-certs.json (each certificate those receipts name, summarized: decisions, waived
+# NAME-receipt-*.json (the receipts the step wrote; their schedule.units time every compile), NAME-ninja.log
+# (the .ninja_log of the recipe's one build graph), NAME-certs.json (each certificate those receipts name, summarized: decisions, waived
 # identifiers, each object's decision and reason, and which objects' inputs mention TORCH_EXTENSION_NAME or
 # PYBIND11_COMPILER_TYPE, the identifiers a variant changes, or any PYBIND11_* identifier, or read the file
 # the facc patch changes); env.txt (nproc, nvidia-smi -L, Python, a hash of hermetic/*.py in C order).
@@ -123,7 +123,9 @@ realize() {  # NAME VARIANT [ARGS...]: one realize of exl3, timed, stopped befor
     for f in $(find "$R/receipts" -name '*.json' -newer "$W/.mark" 2>/dev/null); do
         cp "$f" "$W/$name-receipt-$(basename "$f")"; rs+=("$f")
     done
-    local nl="$R/build/exl3/$variant/exllamav3_ext/.ninja_log"
+    # one build graph for every variant (build/graph.py): its ninja log is the recipe's, and each compile's
+    # phase, start, wall time and peak memory are in the receipt's schedule.units
+    local nl="$R/build/exl3/.ninja_log"
     [ -f "$nl" ] && cp "$nl" "$W/$name-ninja.log"
     [ ${#rs[@]} -gt 0 ] && summarize "$name" "${rs[@]}"
     [ "$rc" -eq 0 ] && touch ".device/done-$variant"
