@@ -363,6 +363,20 @@ def scratch_dir(directory: Path, prefix: str) -> Iterator[Path]:
         remove_tree(path)
 
 
+_PROCESS_SCRATCH: dict[str, Path] = {}
+
+
+def process_scratch_dir(prefix: str) -> Path:
+    """A folder of the system's temp folder for the rest of this process (made on first use, removed with
+    everything in it at exit): where a dry run's children write, so that nothing lands in the root."""
+    if prefix not in _PROCESS_SCRATCH:
+        import atexit
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        atexit.register(remove_tree, path)
+        _PROCESS_SCRATCH[prefix] = path
+    return _PROCESS_SCRATCH[prefix]
+
+
 class FingerprintCache:
     """A derived fact (a parsed lock, an interpreter's facts, a tool's answer) trusted while the stat
     fingerprints of the files it was derived from are unchanged.
@@ -373,8 +387,9 @@ class FingerprintCache:
     stale record is a miss.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, read_only: bool = False) -> None:
         self.folder = folder
+        self.read_only = read_only   # a dry run's: read, never written (``put`` does nothing)
 
     def _path(self, key: str) -> Path:
         return self.folder / (sha256_bytes(key.encode())[:24] + ".json")
@@ -394,6 +409,8 @@ class FingerprintCache:
 
     def put(self, key: str, value: Any, inputs: Sequence[Path | str] = ()) -> None:
         """Store ``value`` under ``key``, valid while each of ``inputs`` keeps the fingerprint it has now."""
+        if self.read_only:
+            return
         record = {"key": key, "inputs": {str(p): fingerprint(p) for p in inputs}, "value": value}
         data = canonical_json(record)
         path = self._path(key)

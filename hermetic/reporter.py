@@ -1,4 +1,9 @@
-"""What the user sees: human progress on stderr, JSON Lines on stdout with ``--json``.
+"""What the user sees: listings and other data on stdout, human progress and logs on stderr; with ``--json``
+every record (events and the result) is a JSON line on stdout.
+
+``-q`` (``quiet``) keeps only warnings, errors and data; ``-v`` (``verbose``) adds ``detail`` records (one line
+per object of a build, where each wheel came from). ``data`` is what a command was asked to print (``show``'s
+listing, ``gc``'s entries, ``--explain``, a dry run's plan): on stdout whatever the level.
 
 Every long step reports through a ``Reporter``; nothing else in the package prints. On a terminal the
 progress is one live display per command (one rich ``Progress``, whatever number of bars it shows at once):
@@ -39,11 +44,12 @@ class Reporter:
     """Collects events; renders them for a person (stderr) or a program (stdout JSON Lines)."""
 
     def __init__(self, *, json_mode: bool = False, stdout: IO[str] | None = None,
-                 stderr: IO[str] | None = None, quiet: bool = False) -> None:
+                 stderr: IO[str] | None = None, quiet: bool = False, verbose: bool = False) -> None:
         self.json_mode = json_mode
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.quiet = quiet
+        self.verbose = verbose and not quiet
         self.interactive = (not json_mode) and self.stderr.isatty()
         self._display: _Display | None = None
 
@@ -54,6 +60,19 @@ class Reporter:
             self._emit({**fields, "event": kind, **({"message": message} if message else {})})
         elif message and not self.quiet:
             self._say(message)
+
+    def detail(self, kind: str, message: str = "", /, **fields: Any) -> None:
+        """More than progress, for ``-v`` only (a line per object, where a wheel came from): an event then."""
+        if self.verbose:
+            self.event(kind, message, **fields)
+
+    def data(self, kind: str, text: str = "", /, **fields: Any) -> None:
+        """What the command was asked to print: a record with --json (an event, as any other), else the text on
+        stdout, quiet or not (``hermetic show | cat`` prints the listing)."""
+        if self.json_mode:
+            self._emit({**fields, "event": kind, **({"message": text} if text else {})})
+        elif text:
+            print(text, file=self.stdout, flush=True)
 
     def warn(self, message: str, /, **fields: Any) -> None:
         if self.json_mode:

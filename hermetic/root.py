@@ -51,10 +51,18 @@ CACHES = {c.name: c for c in (
 )}
 
 
+def _outside_scratch() -> Path:
+    """The folder a read-only root's children get for their homes and temp files, outside the root."""
+    return fs.process_scratch_dir("hermetic-dry-run-")
+
+
 @dataclass(frozen=True)
 class Root:
     path: Path
     named_by: str = "--root"   # --root, HERMETIC_ROOT or the default: said in errors about the root's path
+    # a dry run's view (``realize --dry-run``): caches are read and never written, children's homes and temp
+    # files go to a scratch folder outside the root, and ``ensure`` refuses; nothing is written under ``path``
+    read_only: bool = False
 
     @staticmethod
     def locate(cli_root: str | None, environ: dict[str, str] | None = None) -> Root:
@@ -100,17 +108,19 @@ class Root:
         return self.state / CACHES[name].folder
 
     def cache(self, name: str) -> fs.FingerprintCache:
-        return fs.FingerprintCache(self.cache_dir(name))
+        return fs.FingerprintCache(self.cache_dir(name), read_only=self.read_only)
 
     @property
     def tmp(self) -> Path:
-        return self.path / "tmp"
+        return (_outside_scratch() if self.read_only else self.path) / "tmp"
 
     @property
     def home(self) -> Path:
-        return self.path / "home"
+        return (_outside_scratch() if self.read_only else self.path) / "home"
 
     def ensure(self) -> None:
+        if self.read_only:
+            raise RuntimeError(f"a read-only view of {self.path} cannot be made ready for writing")
         for d in (self.path, self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         marker = self.path / ROOT_MARKER

@@ -6,6 +6,7 @@ test wheels and locks), ``trees`` (listings of trees and stores), and one module
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,23 @@ import pytest
 from tests.support import cli
 from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.index import LoopbackIndex, serve_index
+
+
+def require_all() -> bool:
+    """CI (.ci/run sets HERMETIC_REQUIRE_ALL=1; CI=true too): a test whose tool is missing fails, never skips."""
+    return os.environ.get("HERMETIC_REQUIRE_ALL") == "1" or os.environ.get("CI", "").lower() in ("1", "true")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs(TOOL, found, HOW)``: without the tool the test skips, saying how to install it (the
+    README's set-up does: tools/install-test-deps); in CI it fails instead."""
+    for mark in item.iter_markers("needs"):
+        tool, found, how = mark.args
+        if not found:
+            message = f"{tool} is not installed ({how})"
+            if require_all():
+                pytest.fail(f"{message}, and CI (HERMETIC_REQUIRE_ALL=1 or CI=true) runs every test", pytrace=False)
+            pytest.skip(message)
 
 
 @pytest.fixture

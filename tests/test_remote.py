@@ -44,7 +44,8 @@ from tests.support.cli import REPO, hermetic_env
 from tests.support.nginx import PASSWORD, WRITER, Nginx, nginx_binary
 from tests.support.recipes import recipe_toml
 
-pytestmark = pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install nginx-light)")
+pytestmark = pytest.mark.needs("nginx", nginx_binary() is not None,
+                              "tools/install-test-deps installs it: apt-get install nginx-light")
 
 SOURCES = ("bindings.cpp", "kern.cu", "table.cpp")
 TABLE_SUM = 256 * sum(range(1, 17))  # table.cpp: 4 KiB of 1..16, then zeros

@@ -118,7 +118,7 @@ def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, varian
                 found.decision = Decision.FETCHED_REMOTE
                 choices[i] = found
     job = ModuleJob(ext, variant, plan, build_dir, pmap, env, cache, choices,
-                    _previous_objects(store, root.cache("builds").get(f"{recipe.name}.{variant.name}.{ext.name}")))
+                    previous_objects(store, root.cache("builds").get(f"{recipe.name}.{variant.name}.{ext.name}")))
     for d in choices:  # say which key component changed, where find() only knows that none matched
         if d.decision is Decision.COMPILED and d.reason in (NO_MATCH, INPUT_CHANGED):
             d.reason = cache.explain(d.compile, job.previous.get(d.compile.rel))
@@ -170,7 +170,7 @@ def cold_weight(c: Compile) -> int:
     return total
 
 
-def _previous_objects(store: Store, certificate_blob: object) -> dict[str, ObjectRecord]:
+def previous_objects(store: Store, certificate_blob: object) -> dict[str, ObjectRecord]:
     """source -> object record of the previous build of this module, for --explain."""
     if not isinstance(certificate_blob, str):
         return {}
@@ -186,18 +186,25 @@ def _previous_objects(store: Store, certificate_blob: object) -> dict[str, Objec
         return {}
 
 
+def module_key(plan: BuildPlan, facts: dict[str, Any], toolchain_id: ToolchainId, pmap: PrefixMap,
+               digests: list[str]) -> tuple[str, str]:
+    """(the link's key, the module's entry name): the host, the toolchain, the canonical link command and the
+    objects' digests, in the plan's order."""
+    paths = {c.object for c in plan.compiles} | {plan.output}  # build-folder paths leave the key
+    link_key_argv = pmap.canonical(["<OBJ>" if a in paths else a for a in plan.link_argv])
+    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
+                                             "toolchain": toolchain_id, "link": link_key_argv,
+                                             "objects": digests}))
+    return key, entry_name(key, f"mod-{plan.module}")
+
+
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
                       facts: dict[str, Any], choices: list[ObjectChoice], env: dict[str, str],
                       toolchain_id: ToolchainId, pmap: PrefixMap, reporter: Reporter,
                       share: ObjectShare | None) -> BuiltModule:
     digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in choices]
-    paths = {d.compile.object for d in choices} | {plan.output}  # build-folder paths leave the key
-    link_key_argv = pmap.canonical(["<OBJ>" if a in paths else a for a in plan.link_argv])
-    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
-                                             "toolchain": toolchain_id, "link": link_key_argv,
-                                             "objects": digests}))
+    key, name = module_key(plan, facts, toolchain_id, pmap, digests)
     filename = plan.module + facts["ext_suffix"]
-    name = entry_name(key, f"mod-{plan.module}")
     linked = False
     reporter.event("phase", phase="linking")
     _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use

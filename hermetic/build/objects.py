@@ -238,6 +238,28 @@ class ObjectCache:
             return chosen
         return self._use(c, chosen)
 
+    def peek(self, c: Compile) -> ObjectChoice:
+        """What ``find`` would decide, for a dry run: the same proof, but nothing pinned and a corrupt object
+        only said (``find`` removes it)."""
+        names = self.store.index_list(self.lookup(c))
+        if not names:
+            return ObjectChoice(c, Decision.COMPILED, reason=NO_MATCH)
+        records = []
+        for name in names:
+            if self.store.has_entry(name):
+                try:
+                    records.append(self.store.object_record(name))
+                except (OSError, WorkFailed):
+                    continue  # a damaged record: find() would fail on it too; verify --repair says so
+        chosen = self.choose(c, records)
+        if isinstance(chosen, ObjectChoice):
+            return chosen
+        digest = stored_blob(chosen.record)
+        blob = self.store.blob_path(digest)
+        if not blob.exists() or fs.sha256_file(blob)[0] != digest:
+            return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… is corrupt")
+        return ObjectChoice(c, chosen.decision, chosen.record["name"], chosen.waived, record=chosen.record)
+
     def choose(self, c: Compile, records: Sequence[ObjectRecord]) -> Chosen | ObjectChoice:
         """``choose`` with this cache's answers: the inputs hashed now, the waiver scanned in the inputs (records
         may come from the remote); a 'compiled' choice when none fits."""

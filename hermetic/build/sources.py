@@ -53,14 +53,25 @@ class SourceTree:
         return store.entry_path(self.entry) / "out"
 
 
-def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, ...],
-                   reporter: Reporter, share: ObjectShare | None = None) -> SourceTree:
+def source_origin(src: Source) -> str:
+    """What a source tree is made from: the folder's file map (hashed), or the archive's sha256."""
     origin = _folder_key(src.path) if src.path is not None else src.sha256
     assert origin is not None
+    return origin
+
+
+def source_entry_name(src: Source, patches: tuple[Path, ...], origin: str | None = None) -> str:
+    """The source tree's entry: named by its inputs (the origin, the subdir, the patches' bytes)."""
     key = fs.sha256_bytes(fs.canonical_json({
-        "v": SOURCE_VERSION, "origin": origin, "subdir": src.subdir,
+        "v": SOURCE_VERSION, "origin": origin or source_origin(src), "subdir": src.subdir,
         "patches": [fs.sha256_file(p)[0] for p in patches]}))
-    name = entry_name(key, f"src-{src.name}")
+    return entry_name(key, f"src-{src.name}")
+
+
+def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, ...],
+                   reporter: Reporter, share: ObjectShare | None = None, *, offline: bool = False) -> SourceTree:
+    origin = source_origin(src)
+    name = source_entry_name(src, patches, origin)
     with store.build_entry(name) as staging:
         if staging is None:
             return _load(store, name)
@@ -69,7 +80,7 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
             _copy_folder(src.path, staging.out)
         else:
             fresh = not store.has_blob(src.sha256 or "")
-            archive = _fetch_archive(store, src, reporter, share)
+            archive = _fetch_archive(store, src, reporter, None if offline else share, offline=offline)
             try:
                 _extract(archive, src, staging.out)
             except BadInput:
@@ -125,29 +136,53 @@ def _copy_folder(folder: Path, out: Path) -> None:
             fs.copy_file(Path(dirpath) / f, out / rel / f)
 
 
-def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: ObjectShare | None) -> Path:
+def prepare_outside(store: Store, src: Source, patches: tuple[Path, ...], out: Path, env: dict[str, str]) -> bool:
+    """A dry run's copy of the tree ``realize_source`` would make, in ``out`` (a folder outside the root): the
+    folder copied, or the stored archive extracted, then patched. False when the archive is not in the store
+    (it would be fetched first): then nothing is made."""
+    out.mkdir(parents=True, exist_ok=True)
+    if src.path is not None:
+        _copy_folder(src.path, out)
+    elif src.sha256 is not None and store.has_blob(src.sha256):
+        _extract(store.blob_path(src.sha256), src, out)
+    else:
+        return False
+    for patch in patches:
+        apply_patch(patch, out, env)
+    return True
+
+
+def _fetch_archive(store: Store, src: Source, reporter: Reporter, share: ObjectShare | None, *,
+                   offline: bool = False) -> Path:
     assert src.sha256 is not None
     store.pin_blob(src.sha256)
     if store.use_blob(src.sha256) or (share is not None and share.fetch_blob([src.sha256])):
         return store.blob_path(src.sha256)
+    if offline:
+        from hermetic.wheels.unpacked import offline_error
+        raise offline_error([(src.wheel or f"the archive of source {src.name} (sha256 {src.sha256[:16]}…)",
+                              src.where)])
     from hermetic.fetch.download import Fetcher
     from hermetic.fetch.pipconfig import load_pip_config
-    if src.wheel:
-        name, _, version = src.wheel.partition("==")
-        locked = LockedWheel(name.lower().replace("_", "-"), version, (src.sha256,), None, None, None, None,
-                             src.where)
-    else:
-        url = src.url or ""
-        # decoded as the lock readers decode a location (percent-escapes, file://localhost/)
-        local = file_url_path(url, src.where) if urlsplit(url).scheme.lower() == "file" else None
-        locked = LockedWheel(src.name, None, (src.sha256,), basename(url), None if local else url,
-                             local, None, src.where)
+    locked = archive_wheel(src)
     with Fetcher(load_pip_config(), store.tmp, reporter) as fetcher:
         got = fetcher.fetch(locked)
     blob = store.put_blob_file(got.path, got.sha256)
     if share is not None:
         share.upload_blob(got.sha256)
     return blob
+
+
+def archive_wheel(src: Source) -> LockedWheel:
+    """A source archive as the fetcher sees a locked file: by name==version from the indexes, or its URL."""
+    assert src.sha256 is not None
+    if src.wheel:
+        name, _, version = src.wheel.partition("==")
+        return LockedWheel(name.lower().replace("_", "-"), version, (src.sha256,), None, None, None, None, src.where)
+    url = src.url or ""
+    # decoded as the lock readers decode a location (percent-escapes, file://localhost/)
+    local = file_url_path(url, src.where) if urlsplit(url).scheme.lower() == "file" else None
+    return LockedWheel(src.name, None, (src.sha256,), basename(url), None if local else url, local, None, src.where)
 
 
 def _extract(archive: Path, src: Source, out: Path) -> None:

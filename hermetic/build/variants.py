@@ -75,7 +75,7 @@ def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[U
 
 
 def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Variant], reporter: Reporter,
-                    share: ObjectShare | None) -> dict[str, dict[str, SourceTree]]:
+                    share: ObjectShare | None, *, offline: bool = False) -> dict[str, dict[str, SourceTree]]:
     """variant -> source name -> its tree, with the source's and the variant's patches applied."""
     reporter.event("phase", phase="sources")
     names = sorted({e.source for e in recipe.extensions})
@@ -85,7 +85,8 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
             raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
                            where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
         out[variant.name] = {n: realize_source(root, store, recipe.sources[n],
-                                               recipe.sources[n].patches + variant.patches, reporter, share)
+                                               recipe.sources[n].patches + variant.patches, reporter, share,
+                                               offline=offline)
                              for n in names}
     return out
 
@@ -130,10 +131,12 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
         for k, v in m.counts().items():
             totals[k] = totals.get(k, 0) + v
     counts.update({f"objects_{k}": v for k, v in totals.items()})
-    explained = [explain_line(m.module, d) for m in modules for d in m.choices]
-    if explain:
-        for line in explained:
-            reporter.event("explain", line)
+    explained = [(m.module, explain_line(m.module, d)) for m in modules for d in m.choices]
+    for module, line in explained:
+        if explain:  # asked for: data, on stdout
+            reporter.data("explain", line)
+        else:        # -v: a line per object on stderr
+            reporter.detail("object", line, module=module)
     _say_schedule(reporter, schedule)
     info = tc.info
     report = {
@@ -149,7 +152,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
         "schedule": schedule,
     }
     changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
-    return RecipeBuild(modules, refs, report, build_env(root, info), changed, explained)
+    return RecipeBuild(modules, refs, report, build_env(root, info), changed, [line for _m, line in explained])
 
 
 def explain_line(module: str, d: ObjectChoice) -> str:

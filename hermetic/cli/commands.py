@@ -34,12 +34,19 @@ def _remote(args: argparse.Namespace) -> RemoteOptions | None:
 
 
 def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.realize.noop import noop_check
     remote = _remote(args)
+    if args.dry_run:
+        from hermetic.realize.dryrun import dry_run
+        return dry_run(root, args.recipe, reporter, variant=args.variant, offline=args.offline)
+    from hermetic.realize.noop import noop_check
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
         from hermetic.realize.pipeline import realize
-        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote)
+        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote,
+                          offline=args.offline)
+    else:
+        reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
+                                "and hashes): nothing fetched, compiled or written")
     c = outcome.counts
     verb = "realized" if outcome.changed else "up to date:"
     objects = (f"; objects: {c.get('objects_compiled', 0)} compiled, {c.get('objects_reused', 0)} reused, "
@@ -69,8 +76,8 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         return 0
     p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
     verb = "would delete" if args.dry_run else "deleted"
-    for name in p.dead_entries:
-        reporter.event("gc-entry", f"{verb} entry {name}", entry=name)
+    for name in p.dead_entries:  # the listing: stdout
+        reporter.data("gc-entry", f"{verb} entry {name}", entry=name)
     for name, why in sorted(p.damaged.items()):
         reporter.warn(f"{why}: what it references cannot be known, so gc deleted no blob"
                       + (f" and kept {len(p.kept_unprovable)} unreached entries it may name" if p.kept_unprovable
@@ -99,7 +106,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     if report.problems and args.repair:
         removed = drop_corrupt(store, report.problems)
         reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
-        _realize_roots(root, reporter, _remote(args))
+        _realize_roots(root, reporter, _remote(args), args.offline)
         report = verify(store, root)
     rebuilt = []
     if args.rebuild_sample > 0:
@@ -119,12 +126,12 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if ok else 1
 
 
-def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None) -> None:
+def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool) -> None:
     from hermetic.realize.pipeline import realize
     for p in sorted(root.roots.glob("*.json")):
         recipe = Path(json.loads(p.read_text()).get("recipe", ""))
         if recipe.is_file():
-            realize(root, recipe, reporter, remote=remote)
+            realize(root, recipe, reporter, remote=remote, offline=offline)
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
 
@@ -141,12 +148,13 @@ def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         profiles = {p.name: os.readlink(p) for p in sorted(root.profiles.iterdir()) if p.is_symlink()}
         info.update(entries=len(entries), blobs=len(blobs), blob_bytes=size, roots=roots,
                     profiles=profiles, last_receipts=[str(r) for r in receipts])
-        reporter.event("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
-                               f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}\n"
-                               + "".join(f"  profile {k} -> {v}\n" for k, v in profiles.items())
-                               + "".join(f"  receipt {r.name}\n" for r in receipts))
+        # the listing is data: stdout (`hermetic show | cat`)
+        reporter.data("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
+                              f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}"
+                              + "".join(f"\n  profile {k} -> {v}" for k, v in profiles.items())
+                              + "".join(f"\n  receipt {r.name}" for r in receipts))
     else:
-        reporter.event("show", f"scratch root {root.path}: no store yet")
+        reporter.data("show", f"scratch root {root.path}: no store yet")
     reporter.result("show", True, 0, **info)
     return 0
 
@@ -202,7 +210,7 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
               repetitions=args.repetitions,
               power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
-              record_digests=args.record_digests, remote=_remote(args))
+              record_digests=args.record_digests, remote=_remote(args), offline=args.offline)
     body = out.summary
     if out.exit_code:
         reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "
@@ -216,7 +224,18 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return out.exit_code
 
 
+def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """The shell completion script, generated from the parser by shtab (imported by this command alone); it
+    reads and writes nothing of the root."""
+    import shtab
+
+    from hermetic.cli.parser import build_parser
+    script: str = shtab.complete(build_parser(), shell=args.shell)
+    sys.stdout.write(script if script.endswith("\n") else script + "\n")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Root, argparse.Namespace, Reporter], int]] = {
     "realize": cmd_realize, "gc": cmd_gc, "verify": cmd_verify, "show": cmd_show, "env": cmd_env,
-    "export": cmd_export, "import": cmd_import, "run": cmd_run,
+    "export": cmd_export, "import": cmd_import, "run": cmd_run, "completion": cmd_completion,
 }

@@ -53,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.cmd = cmd
     json_mode = bool(getattr(args, "json", False))
-    reporter = Reporter(json_mode=json_mode)
+    quiet, verbose = bool(getattr(args, "quiet", False)), bool(getattr(args, "verbose", False))
+    if quiet and verbose:
+        parser.error("-q/--quiet and -v/--verbose exclude each other")
+    args.offline = bool(getattr(args, "offline", False)) or os.environ.get("HERMETIC_OFFLINE", "") == "1"
+    reporter = Reporter(json_mode=json_mode, quiet=quiet, verbose=verbose)
     if not args.command:
         parser.print_help(sys.stderr)
         return 2

@@ -11,16 +11,36 @@ DESCRIPTION = """\
 hermetic: hermetic environments for PyTorch CUDA/C++ extension builds and GPU worker measurement.
 
 Everything it writes goes under one scratch root: --root, else $HERMETIC_ROOT, else ./.hermetic
+Listings and other data go to stdout, progress and logs to stderr; with --json every record (events and
+the closing result) is one JSON line on stdout.
 Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met.
+Shell completion: hermetic completion bash|zsh (README, "Shell completion").
 """
+
+# shtab's completers, spelled out so that building the parser never imports shtab (only `completion` does)
+FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+DIRECTORY = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+
+
+def _completes(action: argparse.Action, how: dict[str, str]) -> None:
+    """What shtab completes an argument with (a file, a folder)."""
+    vars(action)["complete"] = how
 
 
 def _common() -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name (``hermetic -q show``, ``hermetic show -q``)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
-                   help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)")
+    _completes(p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
+                              help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)"), DIRECTORY)
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="JSON Lines on stdout, ending in one result record; progress on stderr")
+                   help="every record (progress events and the closing result) as one JSON line on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="only warnings, errors and what the command prints (listings, data)")
+    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                   help="more detail: a line per object of a build, where each wheel is fetched from")
+    p.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
+                   help="fetch nothing (no index, no remote cache); exit 3 naming what would have to be fetched "
+                        "(default: $HERMETIC_OFFLINE=1)")
     return p
 
 
@@ -42,9 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("realize", parents=[common], help="fetch, materialize and build a recipe")
-    p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml")
+    _completes(p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml"), FILE)
     p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
     p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what would be fetched (bytes), unpacked, compiled and reused, decided from the keys "
+                        "and the store; write nothing under the root")
     _remote_options(p)
 
     p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
@@ -63,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common], help="same as show")
 
     p = sub.add_parser("export", parents=[common], help="write the closure of the roots to one archive")
-    p.add_argument("archive", type=Path, help="output file (.tar.zst)")
+    _completes(p.add_argument("archive", type=Path, help="output file (.tar.zst)"), FILE)
     p.add_argument("--name", action="append", default=[], metavar="ROOT",
                    help="export only these roots (default: all)")
     p.add_argument("--level", type=_zstd_level, default=19, metavar="N",
@@ -71,16 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "cores; 10: 67 MB in 7 s)")
 
     p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
-    p.add_argument("archive", type=Path)
+    _completes(p.add_argument("archive", type=Path), FILE)
 
     p = sub.add_parser("env", parents=[common],
                        help="print a realized recipe's environment, or run a command inside it")
-    p.add_argument("recipe", type=Path)
+    _completes(p.add_argument("recipe", type=Path), FILE)
     p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
 
     p = sub.add_parser("run", parents=[common],
                        help="realize what a runner needs, then measure the worker under locks and limits")
-    p.add_argument("runner", type=Path, help="runner file (TOML), e.g. runner/worker.toml")
+    _completes(p.add_argument("runner", type=Path, help="runner file (TOML), e.g. runner/worker.toml"), FILE)
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where to measure (default: the GPU when NVML sees one, else the CPU)")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="which GPU (NVML index, default 0)")
@@ -89,13 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetitions", type=int, metavar="N", help="override the runner's repetitions")
     p.add_argument("--power-cap", type=float, metavar="W",
                    help="the power cap the GPU must have (overrides gpu.power_cap_w; never changes the card)")
-    p.add_argument("--lock-timeout", type=float, metavar="S", help="seconds to wait for the device's lock")
-    p.add_argument("--states", type=Path, metavar="FILE",
-                   help="request states to use instead of the runner's (real captures stay where they are)")
+    p.add_argument("--lock-timeout", type=float, metavar="S",
+                   help="seconds to wait for the device's lock, held by another user's run (default: the runner's "
+                        "gpu.lock_timeout, 3600, or protocol.cpu_lock_timeout, 600)")
+    _completes(p.add_argument("--states", type=Path, metavar="FILE",
+                              help="request states to use instead of the runner's (real captures stay where they "
+                                   "are)"), FILE)
     p.add_argument("--record-digests", action="store_true",
                    help="write this device class's reference digests (manifests/digests/CLASS.txt), pinned to "
                         "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
     _remote_options(p)
+
+    p = sub.add_parser("completion", parents=[common], help="print the shell completion script (bash or zsh)")
+    p.add_argument("shell", choices=("bash", "zsh"),
+                   help='bash: eval "$(hermetic completion bash)" in ~/.bashrc; zsh: hermetic completion zsh > '
+                        '"${fpath[1]}/_hermetic"')
     return parser
 
 

@@ -51,6 +51,14 @@ class Downloaded:
     url: str         # where it came from, credentials redacted (safe for receipts)
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where a locked wheel would be fetched from, and its size, found without fetching it (a dry run)."""
+    filename: str
+    size: int | None  # None: neither the lock, the index nor the server says
+    url: str          # credentials redacted
+
+
 class Fetcher:
     def __init__(self, config: PipConfig, tmp_dir: Path, reporter: Reporter | None = None, *,
                  tags: Sequence[Tag] | None = None, backoff: float = 0.5) -> None:
@@ -82,6 +90,42 @@ class Fetcher:
         if wheel.url is not None:
             return self._from_url(wheel, wheel.url)
         return self._from_indexes(wheel)
+
+    def locate(self, wheel: LockedWheel) -> Located:
+        """The file ``fetch`` would get and its size, reading no more than index pages and a response's headers
+        (nothing is written); the same errors as ``fetch`` when it cannot be found."""
+        if wheel.path is not None:
+            return self._located(wheel, wheel.filename or Path(wheel.path).name, Path(wheel.path).as_uri())
+        if wheel.url is not None:
+            return self._located(wheel, wheel.filename or _basename(wheel.url), wheel.url)
+        index_urls = list(self.config.index_urls)
+        if wheel.index and wheel.index not in index_urls:
+            index_urls.insert(0, wheel.index)
+        chosen = select(wheel, self.index.candidates(wheel.name, index_urls), self.tags)
+        if not chosen:
+            why = "; ".join(f"{loc}: {err}" for loc, err in self.index.failures.items())
+            raise FetchFailed(f"could not find {_label(wheel)} in the configured indexes"
+                              + (f": {why}" if why else f" (searched: {', '.join(self.index.searched) or 'none'})"),
+                              where=wheel.where, hint=FETCH_HINT)
+        cand = chosen[0]
+        return self._located(wheel, cand.filename, cand.url, cand.size)
+
+    def _located(self, wheel: LockedWheel, filename: str, url: str, size: int | None = None) -> Located:
+        size = wheel.size if wheel.size is not None else size
+        if size is None and url.startswith("file:"):
+            try:
+                size = file_url_to_path(url).stat().st_size
+            except OSError:
+                size = None
+        elif size is None and url.split(":", 1)[0].lower() in ("http", "https"):
+            try:  # the response's headers only: its body is never read
+                resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
+                with resp:
+                    length = resp.headers.get("Content-Length", "")
+                    size = int(length) if resp.status_code < 400 and length.isdigit() else None
+            except (TransientError, UnavailableError):
+                size = None
+        return Located(filename, size, redact(url))
 
     # sources ------------------------------------------------------------------
     def _local(self, wheel: LockedWheel, path: Path, url: str) -> Downloaded:
@@ -178,6 +222,9 @@ class Fetcher:
                url: str) -> Downloaded:
         """Stream ``chunks`` into a temp file, hashing as it goes; verify; remove it on any failure."""
         path = fs.new_temp_file(self.tmp_dir, ".fetch-", ".part")
+        if self.reporter is not None:
+            self.reporter.detail("fetch-from", f"fetching {filename} from {redact(url)}", wheel=filename,
+                                 url=redact(url))
         task: ProgressTask | None = (self.reporter.task(filename, total, "bytes", closing_line=False)
                                      if self.reporter else None)  # the fetch's own event says what it got
         try:

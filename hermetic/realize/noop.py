@@ -107,6 +107,8 @@ def _same_bytes(root: Root, recipe_path: Path, variant: str | None) -> Outcome |
     outcome = _outcome(root, state, recipe_path)
     if outcome is None:
         return None
+    if root.read_only:  # a dry run: the same answer, nothing refreshed
+        return outcome
     cache.put(_key(recipe_path, variant), state, [recipe, *local, *host])  # its bytes, trusted by fingerprint
     from hermetic.store.roots import write_root  # the common no-op (fingerprints unchanged) needs it not
     write_root(root, outcome.name, recipe, outcome.entries)   # a new recipe path is no change to the gc root
@@ -131,7 +133,8 @@ def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | 
     try:
         store = Store(root.store)
         profile = root.profiles / state["name"]
-        if not store.exists() or not all(store.use(e) for e in state["entries"]):
+        held = store.has_entry if root.read_only else store.use   # a dry run pins nothing (no temp root)
+        if not store.exists() or not all(held(e) for e in state["entries"]):
             return None
         if not profile.is_symlink() or os.readlink(profile) != state["profile"]:
             return None

@@ -39,7 +39,7 @@ from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
 from hermetic.wheels.scripts import launchers
-from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack
+from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
     from hermetic.build.sources import SourceTree
@@ -49,9 +49,10 @@ if TYPE_CHECKING:
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
-            explain: bool = False, remote: RemoteOptions | None = None) -> Outcome:
-    """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``)."""
-    r = Realization(root, recipe_path, reporter, variant, explain, remote)
+            explain: bool = False, remote: RemoteOptions | None = None, offline: bool = False) -> Outcome:
+    """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``).
+    ``offline``: nothing is fetched (no index, no remote cache); what would have to be is a failed precondition."""
+    r = Realization(root, recipe_path, reporter, variant, explain, remote, offline)
     r.validate()        # 1
     r.qualify()         # 2
     r.fetch()           # 3
@@ -67,9 +68,9 @@ class Realization:
     """The state one realize carries from step to step."""
 
     def __init__(self, root: Root, recipe_path: Path, reporter: Reporter, variant: str | None, explain: bool,
-                 remote: RemoteOptions | None) -> None:
+                 remote: RemoteOptions | None, offline: bool = False) -> None:
         self.root, self.recipe_path, self.reporter = root, recipe_path, reporter
-        self.variant, self.explain, self.remote_options = variant, explain, remote
+        self.variant, self.explain, self.remote_options, self.offline = variant, explain, remote, offline
         self.started = self.lap_started = time.monotonic()
         self.timings: dict[str, float] = {}
         self.counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
@@ -103,11 +104,11 @@ class Realization:
 
     def validate(self) -> None:
         self.recipe = load_recipe(self.recipe_path)
-        self.variants = _chosen_variants(self.recipe, self.variant)
+        self.variants = chosen_variants(self.recipe, self.variant)
         self.name = self.recipe.name if self.variant is None else f"{self.recipe.name}.{self.variant}"
         self.root.ensure()
         self.store = Store(self.root.store).open()
-        self.share = open_sharing(self.store, self.recipe, self.remote_options, self.reporter)
+        self.share = open_sharing(self.store, self.recipe, self.remote_options, self.reporter, self.offline)
         if self.builds:
             from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
             check_builds(self.recipe)
@@ -130,11 +131,14 @@ class Realization:
     def fetch(self) -> None:
         assert self.python is not None
         tags = self.python.tags
+        if self.offline and (missing := [*offline_missing(self.store, self.locks, tags),
+                                         *offline_missing(self.store, self.toolchain_locks(), tags)]):
+            raise offline_error(missing)  # every missing wheel of every lock named at once, before any work
         self.unpacked = fetch_and_unpack(self.root, self.store, self.locks, self.reporter, self.counts, self.share,
-                                         tags)
+                                         tags, offline=self.offline)
         if self.toolchain_lock is not None:
             self.toolchain_unpacked = fetch_and_unpack(self.root, self.store, [self.toolchain_lock], self.reporter,
-                                                       self.counts, self.share, tags)
+                                                       self.counts, self.share, tags, offline=self.offline)
         self.lap("fetch")
 
     def toolchain(self) -> None:
@@ -150,7 +154,8 @@ class Realization:
         if not self.builds:
             return
         from hermetic.build.variants import prepare_sources
-        self.trees = prepare_sources(self.root, self.store, self.recipe, self.variants, self.reporter, self.share)
+        self.trees = prepare_sources(self.root, self.store, self.recipe, self.variants, self.reporter, self.share,
+                                     offline=self.offline)
         self.lap("sources")
 
     def build(self) -> None:
@@ -220,7 +225,7 @@ class Realization:
         return [self.toolchain_lock] if self.toolchain_lock is not None else []
 
 
-def _chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
+def chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
     if variant is None:
         return [v for v in recipe.variants if v.default]
     found = [v for v in recipe.variants if v.name == variant]
@@ -244,8 +249,9 @@ def _host_paths(report: dict[str, Any]) -> list[Path]:
 
 
 def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
-                 reporter: Reporter) -> Sharing | None:
-    """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote]."""
+                 reporter: Reporter, offline: bool = False) -> Sharing | None:
+    """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote]; none
+    ``offline`` (its settings still checked: bad ones are bad input either way)."""
     from hermetic.urls import remote_in_environment
     if options is None and not (recipe.remote_url or recipe.remote_mode or remote_in_environment()):
         return None
@@ -253,6 +259,9 @@ def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
     settings = resolve_settings(options, os.environ, recipe.remote_url, recipe.remote_mode,
                                 recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "")
     if settings is None:
+        return None
+    if offline:
+        reporter.event("remote", f"offline: the remote cache {settings.url} is not used", offline=True)
         return None
     from hermetic.remote.bazel import BazelHttpCache
     from hermetic.remote.layout import Sharing

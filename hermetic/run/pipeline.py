@@ -46,15 +46,15 @@ class RunOutcome:
 
 
 # realize ---------------------------------------------------------------------------------------------------
-def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None
-                ) -> list[dict[str, Any]]:
+def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None,
+                offline: bool = False) -> list[dict[str, Any]]:
     from hermetic.realize.noop import noop_check
     out = []
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
         if outcome is None:
             from hermetic.realize.pipeline import realize
-            outcome = realize(root, path, reporter, remote=remote)
+            outcome = realize(root, path, reporter, remote=remote, offline=offline)
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
@@ -170,9 +170,10 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
 def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "auto", gpu_index: int = 0,
         peer_index: int | None = None, repetitions: int | None = None, power_cap: float | None = None,
         lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False,
-        remote: Any = None) -> RunOutcome:
-    """The steps of docs/run.md."""
+        remote: Any = None, offline: bool = False) -> RunOutcome:
+    """The steps of docs/run.md (``offline``: the realize of step 2 fetches nothing)."""
     m = Measurement(root, reporter, device, gpu_index, peer_index, record_digests, remote)
+    m.offline = offline
     m.validate(runner_path, repetitions=repetitions, power_cap_w=power_cap, lock_timeout=lock_timeout,
                states=states)   # 1
     m.realize()                 # 2
@@ -194,6 +195,7 @@ class Measurement:
         self.root, self.reporter, self.device = root, reporter, device
         self.gpu_index, self.peer_index, self.record_digests, self.remote = gpu_index, peer_index, record_digests, \
             remote
+        self.offline = False
         self.started = time.monotonic()
         self.timings: dict[str, float] = {}
         self.gpu: Any = None
@@ -216,7 +218,7 @@ class Measurement:
         self.audit = _audit(self.root)
 
     def realize(self) -> None:
-        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote)
+        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote, self.offline)
         self.timings["realize"] = round(time.monotonic() - self.started, 3)
         from hermetic.store import Store
         store = Store(self.root.store).open()

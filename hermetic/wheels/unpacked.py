@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hermetic import fs
-from hermetic.errors import BadInput
+from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.keys import unpacked_key
 from hermetic.locks.types import Lock, LockedWheel
 from hermetic.reporter import Reporter
@@ -49,9 +49,33 @@ def load_unpacked(store: Store, name: str) -> Unpacked:
                     tuple((n, m, a, s) for n, m, a, s in rec.get("scripts", [])), rec["filename"])
 
 
+def wheel_label(w: LockedWheel) -> str:
+    """How messages name a locked wheel: name==version, else its file name, else its name."""
+    return f"{w.name}=={w.version}" if w.version else (w.filename or w.name)
+
+
+OFFLINE_HINT = ("run without --offline (and HERMETIC_OFFLINE unset) where the index is reachable, or bring the "
+                "files in with `hermetic import`; `hermetic realize --dry-run` lists what a realize would fetch")
+
+
+def offline_error(missing: Sequence[tuple[str, str]]) -> PreconditionFailed:
+    """``--offline``, and something must be fetched: exit 3 naming each (label, where: the lock file and line)."""
+    listing = "; ".join(f"{label} ({where})" for label, where in missing)
+    what = "1 file is" if len(missing) == 1 else f"{len(missing)} files are"
+    return PreconditionFailed(f"offline: {what} not in the store and would have to be fetched: {listing}",
+                              where=missing[0][1] if len(missing) == 1 else None, hint=OFFLINE_HINT)
+
+
+def offline_missing(store: Store, locks: list[Lock], tags: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """(label, where) of each locked wheel neither unpacked nor stored: what an offline realize cannot get."""
+    get = _Acquire(store, Reporter(quiet=True), {}, None, _Accepts(tags), True)
+    return [(wheel_label(w), w.where) for w in _unique_wheels(locks)
+            if _existing_unpacked(store, w, get.accepts) is None and get.stored(w) is None]
+
+
 def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
                      counts: dict[str, int], share: Substituter | None = None,
-                     tags: Sequence[str] | None = None) -> list[Unpacked]:
+                     tags: Sequence[str] | None = None, *, offline: bool = False) -> list[Unpacked]:
     """Each locked wheel unpacked in the store for the interpreter of ``tags`` (best first; None: the one
     running hermetic), fetching only what is missing.
 
@@ -59,12 +83,15 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     by a file whose tags the interpreter accepts: an entry unpacked for another interpreter is not reused.
 
     The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
-    download and unpack each wheel once; the others wait and reuse it.
+    download and unpack each wheel once; the others wait and reuse it. ``offline``: nothing is fetched; a
+    wheel neither unpacked nor stored is a failed precondition naming every such wheel, before any work.
     """
     wheels = _unique_wheels(locks)
     counts["wheels"] += len(wheels)
     out: list[Unpacked] = []
-    get = _Acquire(store, reporter, counts, share, _Accepts(tags))
+    get = _Acquire(store, reporter, counts, None if offline else share, _Accepts(tags), offline)
+    if offline and (missing := offline_missing(store, locks, tags)):
+        raise offline_error(missing)
     for w in wheels:
         found = _existing_unpacked(store, w, get.accepts)
         if found is not None:
@@ -108,17 +135,22 @@ class _Acquire:
     blob when fetched just now)."""
 
     def __init__(self, store: Store, reporter: Reporter, counts: dict[str, int], share: Substituter | None,
-                 accepts: _Accepts) -> None:
+                 accepts: _Accepts, offline: bool = False) -> None:
         self.store, self.reporter, self.counts, self.share, self.accepts = store, reporter, counts, share, accepts
+        self.offline = offline
         self.fetcher: Fetcher | None = None
 
     def usable(self, w: LockedWheel, blob: Path) -> bool:
         return bool(w.filename) or self.accepts(_filename_from_wheel(w, blob))
 
+    def stored(self, w: LockedWheel) -> Path | None:
+        """A blob of the store that is this wheel's file (pinned), else None."""
+        return next((self.store.blob_path(h) for h in w.hashes
+                     if self.store.use_blob(h) and self.usable(w, self.store.blob_path(h))), None)
+
     def __call__(self, w: LockedWheel) -> tuple[Path, str, Path | None]:
         store, share, counts = self.store, self.share, self.counts
-        blob = next((store.blob_path(h) for h in w.hashes if store.use_blob(h) and self.usable(w, store.blob_path(h))),
-                    None)
+        blob = self.stored(w)
         if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)) \
                 and self.usable(w, store.blob_path(shared)):
             blob = store.blob_path(shared)            # from the remote cache, verified
@@ -130,6 +162,8 @@ class _Acquire:
                                 wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
         if blob is not None:
             return blob, w.filename or _filename_from_wheel(w, blob), None
+        if self.offline:  # gone since fetch_and_unpack looked (gc): still nothing is fetched
+            raise offline_error([(wheel_label(w), w.where)])
         if self.fetcher is None:
             self.fetcher = _make_fetcher(store, self.reporter, self.accepts.tags)
         self.reporter.event("phase", phase="fetching")
