@@ -77,3 +77,28 @@ def test_without_a_terminal_a_wait_is_plain_lines_with_the_time_waited_and_left(
     (rec,) = [json.loads(line) for line in out.getvalue().splitlines()]
     assert rec["event"] == "waiting" and rec["waited_s"] == 20.0 and rec["left_s"] == 40.0
     assert rec["detail"] == "held by pid 8"
+
+
+def test_levels_and_streams_data_on_stdout_whatever_the_level() -> None:
+    """-q keeps warnings and data, -v adds detail; data goes to stdout, the rest to stderr; --json puts every
+    record, detail and data included, on stdout as one line each."""
+    def said(**kw: bool) -> tuple[str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        r = Reporter(stdout=out, stderr=err, **kw)
+        r.event("step", "a step")
+        r.detail("object", "an object line")
+        r.data("show", "the listing")
+        r.warn("a warning")
+        r.result("show", True, 0)
+        return out.getvalue(), err.getvalue()
+
+    assert said() == ("the listing\n", "a step\nwarning: a warning\n")
+    assert said(quiet=True) == ("the listing\n", "warning: a warning\n")
+    assert said(verbose=True) == ("the listing\n", "a step\nan object line\nwarning: a warning\n")
+    assert said(quiet=True, verbose=True) == said(quiet=True)
+    out, err = said(json_mode=True)
+    assert [json.loads(line).get("event", "result") for line in out.splitlines()] == \
+        ["step", "show", "warning", "result"]
+    out, _err = said(json_mode=True, verbose=True)
+    assert [json.loads(line).get("event", "result") for line in out.splitlines()] == \
+        ["step", "object", "show", "warning", "result"]

@@ -97,6 +97,8 @@ class Planner:
         self.unpacked: dict[tuple[str, str], Unpacked] = {}   # (part, name) -> its unpacked entry, when stored
 
     def plan(self) -> dict[str, Any]:
+        if (self.store.path / "FORMAT").exists():
+            self.store.open()  # a store of another format is refused, as a realize would (opening one only reads)
         outcome = noop_check(self.root, self.recipe_path, self.variant)
         if outcome is not None:
             return {"version": PLAN_VERSION, "recipe": outcome.name, "up_to_date": True,
