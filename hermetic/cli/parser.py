@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml")
     p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
     p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
+    _sandbox_option(p)
     _remote_options(p)
 
     p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
     p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
                    help="also compile N stored objects again and compare them with the stored ones")
+    _sandbox_option(p)
     _remote_options(p)
 
     sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
@@ -95,8 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-digests", action="store_true",
                    help="write this device class's reference digests (manifests/digests/CLASS.txt), pinned to "
                         "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
+    _sandbox_option(p)
     _remote_options(p)
     return parser
+
+
+def _sandbox_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", choices=("auto", "required", "off"), default=None,
+                   help="run compilers, the import check and the measuring process where only the scratch root and "
+                        "the lock folder are writable (bubblewrap): auto (default) where it works, required (exit 3 "
+                        "where it does not), off (default $HERMETIC_SANDBOX, else the recipe's [limits] sandbox or "
+                        "the runner's [cpu]/[gpu] sandbox)")
 
 
 def _remote_options(p: argparse.ArgumentParser) -> None:
