@@ -156,13 +156,11 @@ def confined(confinement: Confinement | None) -> Iterator[Confinement | None]:
         _CONFINEMENT[0] = before
 
 
-def current_confinement() -> Confinement | None:
-    return _CONFINEMENT[0]
-
-
-# what a refused write says: "Read-only file system" (EROFS: a read-only bind) or "Permission denied", with
-# the path quoted or bare somewhere on the line (Python, coreutils, the shell, gcc and ld all name it)
-_REFUSED_WORDS = ("Read-only file system", "Permission denied")
+# what a refused write says: "Read-only file system" (EROFS: the sandbox's binds are read-only, and the kernel
+# says EROFS before it checks permissions, for root and other users alike), with the path quoted or bare
+# somewhere on the line (Python, coreutils, the shell, gcc and ld all name it). "Permission denied" is not
+# the sandbox's word: it would take a program that is not executable for a refused write.
+_REFUSED_WORDS = ("Read-only file system",)
 _PATH = re.compile(r"""'(/[^']*)'|"(/[^"]*)"|(?<![\w.~/-])(/[^\s:'"(),;]+)""")
 
 
