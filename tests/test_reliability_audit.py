@@ -217,8 +217,8 @@ def test_a_build_writes_nothing_outside_and_a_leaking_flag_fails_in_the_sandbox_
         assert f"error: {leak_home}/leak-m." in str(result["stderr"]) and "--sandbox off" in str(result["stderr"])
         assert not list(home.glob("leak-*"))
     # without the sandbox the same leak lands, and the receipt says it is ours
-    audit, home, _tmp = _realize_build(tmp_path, shared_root, "auditleakoff", flag.replace("leak-", "off-")
-                                       .replace("auditleak-home", "auditleakoff-home"), "--sandbox", "off")
+    off_flag = f'"-save-temps", "-dumpdir", "{tmp_path / "auditleakoff-home"}/off-"'
+    audit, home, _tmp = _realize_build(tmp_path, shared_root, "auditleakoff", off_flag, "--sandbox", "off")
     assert audit["receipt"]["sandbox"] == {"mode": "off", "set_by": "--sandbox", "used": False,  # type: ignore[index]
                                            "why_not": "sandbox = off (--sandbox)"}
     ours = {f["path"]: f for f in audit["files"] if f["ours"] == "yes"}  # type: ignore[union-attr]

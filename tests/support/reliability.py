@@ -334,8 +334,10 @@ class CrashLab:
         self.reference = normalized(self.reference_raw)
         seconds = time.monotonic() - start
         self._forget()
+        receipt = json.loads(Path(run.result["receipt"]).read_text())
         return {"reference_realize_s": round(seconds, 2), "module_bytes": len(self.reference_raw),
-                "phases": [r["phase"] for r in run.records if r.get("event") == "phase"]}
+                "phases": [r["phase"] for r in run.records if r.get("event") == "phase"],
+                "sandbox": receipt.get("sandbox")}
 
     def _realize(self) -> Result:
         return cli.run(self.root, "realize", self.recipe, "--json", env=self.env, cwd=self.cwd)
