@@ -218,8 +218,8 @@ def _probe(root: Root, tool: str, writable: tuple[str, ...]) -> Found:
     inside = root.tmp / f"sandbox-probe-{os.getpid()}"
     outside = Path(os.path.realpath(root.path)).parent / f".hermetic-sandbox-probe-{os.getpid()}"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(root.home), "TMPDIR": str(root.tmp)}
-    version = _version(tool, str(root.tmp), env)
     probe = Confinement(prefix(tool, writable), writable)
+    version = _version(tool, str(root.tmp), env, probe)
     try:
         with confined(probe):
             rc, tail = run_limited([sys.executable, "-S", "-c", _PROBE, str(inside), str(outside)],
@@ -247,11 +247,13 @@ def _probe(root: Root, tool: str, writable: tuple[str, ...]) -> Found:
     return Found(True, "", tool, version)
 
 
-def _version(tool: str, cwd: str, env: dict[str, str]) -> str | None:
+def _version(tool: str, cwd: str, env: dict[str, str], probe: Confinement) -> str | None:
+    """bwrap's own --version, asked inside the sandbox it is being tried as (it prints before it sets anything
+    up), so that no child of a sandboxed command runs outside it, this one included."""
     try:
-        with confined(None):
+        with confined(probe):
             rc, tail = run_limited([tool, "--version"], cwd=cwd, env=env, limits=Limits(), timeout=PROBE_TIMEOUT_S,
                                    on_line=lambda _line: None)
-    except TimedOut:
+    except (TimedOut, HermeticError):  # it does not run here: the probe that follows says why
         return None
-    return tail[0].strip() if rc == 0 and tail else None
+    return tail[-1].strip() if rc == 0 and tail else None
