@@ -7,9 +7,22 @@ temp folders (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``$TMPDIR``) and the current
 place before the work (``start``) and compares after it (``finish``).
 
 The walk is bounded (a depth per place, an entry budget per place; a place that exceeds it is reported as
-truncated), follows no symlink and skips the root, its contents and its ancestors. The audit reports what it
-sees: on a shared machine another process writing to /tmp shows up too. A change deeper than a place's depth
-shows as a ``changed`` folder at the depth limit (its mtime moved), not as the file itself.
+truncated), follows no symlink and skips the root, its contents and its ancestors. It reports what it sees
+(``created``, ``changed``, ``removed``: on a shared machine other processes' files in /tmp too) and judges
+each of those files (``files``: ``ours`` yes, no or unknown, with the reason), from what hermetic knows of its
+own children (``finish(children=...)``: when each ran, and whether in the sandbox) and what the file says of
+itself. hermetic itself writes nothing outside the root and the lock folder (every write goes through
+``hermetic.fs`` and the store, tests/test_architecture.py), so only a child can leak:
+
+* not ours: a file owned by another user; one whose last change (its ctime, which no program can set) fell
+  when no child of hermetic ran outside the sandbox (none at all, or every one in the sandbox, where the
+  place was read-only); one another live process holds open;
+* unknown: a file removed (nothing is left to ask), or one changed while an unsandboxed child ran in a place
+  where another writer was seen during the same work;
+* ours: the rest: changed by this user while an unsandboxed child of hermetic ran, no other writer seen there.
+
+``clean`` counts only ours. A change deeper than a place's depth shows as a ``changed`` folder at the depth
+limit (its mtime moved), not as the file itself.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-AUDIT_VERSION = 1
+AUDIT_VERSION = 2
 HOME_DIRS = (".cache", ".nv", ".triton", ".config", ".local", ".torch", ".pip")
 TEMP_DIRS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 HOME_DEPTH = 1          # new top-level entries of HOME
@@ -31,7 +44,10 @@ CWD_DEPTH = 2
 EXTRA_DEPTH = 3
 MAX_ENTRIES = 20_000    # per place: a huge cache is reported as truncated, not walked for seconds
 MAX_LISTED = 200        # paths listed per kind in the result; the counts are always complete
+SLACK_S = 0.05          # file times come from a coarse clock: a change this close to a child's span is in it
 
+# a child of hermetic: (started, ended) as time.time() gives them, the program, and whether it ran in the sandbox
+Child = tuple[float, float, str, bool]
 _Snapshot = dict[str, tuple[int, int, int, int, bool]]  # relpath -> (mode, size, mtime_ns, ino, at the limit)
 
 
@@ -72,6 +88,7 @@ class OutsideRootAudit:
             self.places.append(_Place(Path(real), depth, skip))
         self._before: list[_Snapshot] | None = None
         self._seconds = 0.0
+        self.started = 0.0
 
     # the root, its contents and its ancestors are not "outside" ----------------------------------------
     def _inside_root(self, path: str) -> bool:
@@ -124,14 +141,21 @@ class OutsideRootAudit:
     def start(self) -> None:
         """Snapshot every place (before the work)."""
         t = time.monotonic()
+        self.started = time.time()
         self._before = [self._snapshot(p) for p in self.places]
         self._seconds = time.monotonic() - t
 
-    def finish(self) -> dict[str, Any]:
-        """What appeared, changed or went away outside the root since ``start``: a JSON-ready record."""
+    def finish(self, *, children: Sequence[Child] | None = None, exclude: Sequence[Path] = ()) -> dict[str, Any]:
+        """What appeared, changed or went away outside the root since ``start``, each judged ours or not: a
+        JSON-ready record. ``children``: every child hermetic ran meanwhile (``procs.SPANS``); None when the
+        caller cannot say, which counts the whole time since ``start`` as one unsandboxed child's. ``exclude``:
+        places hermetic writes on purpose (the lock folder), left out."""
         if self._before is None:
             raise RuntimeError("OutsideRootAudit.finish() called before start()")
         t = time.monotonic()
+        if children is None:
+            children = [(self.started, time.time(), "the work audited", False)]
+        excluded = [os.path.realpath(p) for p in exclude]
         created: set[str] = set()
         changed: set[str] = set()
         removed: set[str] = set()
@@ -153,20 +177,132 @@ class OutsideRootAudit:
         # a new folder's contents are new too: list the top of each new subtree only
         created = {p for p in created if os.path.dirname(p) not in created}
         created = {p for p in created if not self._on_the_way(p)}
+        if excluded:
+            def kept(paths: set[str]) -> set[str]:
+                return {p for p in paths if not any(p == e or p.startswith(e + os.sep) for e in excluded)}
+            created, changed, removed = kept(created), kept(changed), kept(removed)
+        files = _judge(self.places, [(p, "created") for p in created] + [(p, "changed") for p in changed]
+                       + [(p, "removed") for p in removed], children)
+        by = {v: [f for f in files if f["ours"] == v] for v in ("yes", "unknown", "no")}
         self._seconds += time.monotonic() - t
         return {
             "version": AUDIT_VERSION,
             "watched": [str(p.path) for p in self.places],
+            "excluded": [str(p) for p in exclude],
             "created": _listed(created),
             "changed": _listed(changed),
             "removed": _listed(removed),
+            "files": [f for v in ("yes", "unknown", "no") for f in by[v][:MAX_LISTED]],
             "counts": {"created": len(created), "changed": len(changed), "removed": len(removed),
+                       "ours": len(by["yes"]), "unknown": len(by["unknown"]), "not_ours": len(by["no"]),
                        "entries_walked": sum(p.seen for p in self.places)},
+            "children": {"ran": len(children), "sandboxed": sum(1 for c in children if c[3])},
             "truncated": [str(p.path) for p in self.places if p.truncated],
-            "clean": not (created or changed or removed),
+            "clean": not by["yes"],
             "complete": not any(p.truncated for p in self.places),
             "seconds": round(self._seconds, 4),
         }
+
+
+def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequence[Child]) -> list[dict[str, str]]:
+    """Each file seen: ``ours`` yes, no or unknown, and why (the module's docstring has the rules)."""
+    me = os.geteuid()
+    free = [c for c in children if not c[3]]       # children that could write outside the root
+    boxed = len(children) - len(free)
+    itself = "hermetic itself writes only inside the root and the lock folder"
+    none_ran = ("every child of hermetic ran in the sandbox, where this path was read-only" if boxed else
+                "no child of hermetic ran") + f"; {itself}"
+    out: list[dict[str, str]] = []
+    pending: list[tuple[dict[str, str], float, Child]] = []
+    for path, change in sorted(found):
+        rec = {"path": path, "change": change}
+        out.append(rec)
+        if not free:
+            rec.update(ours="no", reason=none_ran)
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            rec.update(ours="unknown", reason="it is gone: nothing is left to tell who removed it, and a child of "
+                                              "hermetic ran outside the sandbox meanwhile")
+            continue
+        if st.st_uid != me:
+            rec.update(ours="no", reason=f"owned by uid {st.st_uid}; hermetic runs as uid {me}")
+            continue
+        when = st.st_ctime_ns / 1e9
+        during = next((c for c in free if c[0] - SLACK_S <= when <= c[1] + SLACK_S), None)
+        if during is None:
+            rec.update(ours="no", reason=f"last changed at {_clock(when)}, when no child of hermetic ran outside the "
+                                         f"sandbox ({itself})")
+            continue
+        pending.append((rec, when, during))
+    if pending:
+        holders = _holders({rec["path"] for rec, _w, _c in pending})
+        for rec, _when, _child in pending:
+            if rec["path"] in holders:
+                pid, name = holders[rec["path"]]
+                rec.update(ours="no", reason=f"held open by pid {pid} ({name}), which is neither this hermetic nor "
+                                         f"a child of it")
+    writers: dict[str, str] = {}   # place -> a file another writer changed there during the work
+    for rec in out:
+        if rec.get("ours") == "no" and free:
+            writers.setdefault(_place_of(places, rec["path"]), rec["path"])
+    for rec, when, child in pending:
+        if "ours" in rec:
+            continue
+        place = _place_of(places, rec["path"])
+        if place in writers:
+            rec.update(ours="unknown", reason=f"changed at {_clock(when)}, while {child[2]} (a child of hermetic, "
+                                              f"not in the sandbox) ran, but another process wrote in {place} "
+                                              f"during the work too ({writers[place]})")
+        else:
+            rec.update(ours="yes", reason=f"changed by this user at {_clock(when)}, while {child[2]} (a child of "
+                                          f"hermetic, not in the sandbox) ran; no other writer was seen in {place}")
+    return out
+
+
+def _place_of(places: list[_Place], path: str) -> str:
+    best = ""
+    for p in places:
+        base = str(p.path)
+        if (path == base or path.startswith(base.rstrip(os.sep) + os.sep)) and len(base) > len(best):
+            best = base
+    return best
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
+
+
+def _holders(paths: set[str]) -> dict[str, tuple[int, str]]:
+    """Which of ``paths`` a live process other than this one holds open: path -> (pid, its name)."""
+    found: dict[str, tuple[int, str]] = {}
+    me = os.getpid()
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == me:
+            continue
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if target in paths and target not in found:
+                try:
+                    with open(f"/proc/{pid}/comm") as f:
+                        name = f.read().strip()
+                except OSError:
+                    name = "?"
+                found[target] = (pid, name)
+    return found
 
 
 def _changed(old: tuple[int, int, int, int, bool], now: tuple[int, int, int, int, bool]) -> bool:

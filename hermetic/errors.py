@@ -42,6 +42,13 @@ class FetchFailed(WorkFailed):
     kind = "fetch-failed"
 
 
+class SandboxRefused(WorkFailed):
+    """A child tried to write outside the scratch root and the lock folder, the sandbox refused, and the child
+    failed (exit 1): the work wrote where it must not, as a failed compile is the work failing."""
+
+    kind = "sandbox-refused"
+
+
 class BadInput(HermeticError):
     """Invalid TOML, unknown key, wrong type, missing file, hash or size mismatch, hostile archive (exit 2)."""
 

@@ -5,20 +5,32 @@ build starts inherits them and hermetic itself stays unlimited; no preexec_fn ru
 The build dies with hermetic however hermetic ends: a reaper process in its own session waits on a pipe
 from hermetic and kills the build's whole session when the pipe closes without the word "done" (kill -9
 included).
+
+A ``Confinement`` (``hermetic.sandbox`` makes one from bubblewrap) is a wrapper every child's command goes
+through while it is in effect (``confined``): the sandbox starts first and the shim inside it, so the shim's
+limits and its "cannot run" message are the same either way. A write the sandbox refused is recognized in the
+child's output ("Read-only file system" naming a path this user could write outside it); a child that failed
+after one is a ``SandboxRefused`` error naming the path, and one that carried on has it listed in
+``Confinement.refused`` for the receipt. Every child's lifetime is kept in ``SPANS`` for the outside-root
+audit (hermetic.audit), which asks whether a file outside the root appeared while a child ran.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from hermetic.errors import PreconditionFailed, SandboxRefused
 
 _SHIM = r"""
 import json, os, resource, sys
@@ -102,21 +114,121 @@ class Limits:
     address_space: int | None = None
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A write the sandbox refused: the path, the program that tried, the line it said."""
+    path: str
+    program: str
+    line: str
+
+
+@dataclass
+class Confinement:
+    """A wrapper every child's command goes through (``prefix``: ``bwrap ... --``), the places its children
+    may write, and the writes it refused so far (a child that carried on after one)."""
+    prefix: tuple[str, ...]
+    writable: tuple[str, ...]
+    refused: list[Refusal] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One child's lifetime, wall clock (``time.time()``, as file times are): the audit compares with it."""
+    start: float
+    end: float
+    program: str
+    confined: bool
+
+
+SPANS: list[Span] = []          # every child this process started, in the order they ended
+_CONFINEMENT: list[Confinement | None] = [None]
+MAX_REFUSALS = 50               # kept per confinement; the first ones say enough
+
+
+@contextlib.contextmanager
+def confined(confinement: Confinement | None) -> Iterator[Confinement | None]:
+    """Every child started inside the block goes through ``confinement`` (None: no wrapper)."""
+    before = _CONFINEMENT[0]
+    _CONFINEMENT[0] = confinement
+    try:
+        yield confinement
+    finally:
+        _CONFINEMENT[0] = before
+
+
+# what a refused write says: "Read-only file system" (EROFS: the sandbox's binds are read-only, and the kernel
+# says EROFS before it checks permissions, for root and other users alike), with the path quoted or bare
+# somewhere on the line (Python, coreutils, the shell, gcc and ld all name it). "Permission denied" is not
+# the sandbox's word: it would take a program that is not executable for a refused write.
+_REFUSED_WORDS = ("Read-only file system",)
+_PATH = re.compile(r"""'(/[^']*)'|"(/[^"]*)"|(?<![\w.~/-])(/[^\s:'"(),;]+)""")
+
+
+def refused_write(line: str, writable: Sequence[str]) -> str | None:
+    """The path of a write the sandbox refused, if ``line`` reports one: the path named nearest before the
+    words (``sh: cannot create /tmp/x: Read-only file system``), else the first after them (Python's
+    ``[Errno 30] Read-only file system: '/tmp/x'``), outside the writable places, that this user could write
+    outside the sandbox (so the refusal is the sandbox's, not the file's own permissions or a file system that
+    is read-only anyway)."""
+    at = max(line.rfind(w) for w in _REFUSED_WORDS)
+    if at < 0:
+        return None
+    found = [(m.start(), os.path.normpath(next(g for g in m.groups() if g))) for m in _PATH.finditer(line)]
+    ordered = [p for s, p in reversed(found) if s < at] + [p for s, p in found if s > at]
+    for path in ordered:
+        if any(path == w or path.startswith(w.rstrip(os.sep) + os.sep) for w in writable):
+            continue
+        if _writable_here(path):
+            return path
+    return None
+
+
+def _writable_here(path: str) -> bool:
+    """Whether this user, outside the sandbox, could write ``path`` (or create it in its nearest folder)."""
+    probe = path
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return False
+        probe = parent
+    if os.path.isdir(probe) and probe != path:
+        return os.access(probe, os.W_OK | os.X_OK)
+    return os.access(probe, os.W_OK)
+
+
+def _sandbox_failed(rc: int, first: str | None, confinement: Confinement | None) -> PreconditionFailed | None:
+    """bubblewrap could not set the sandbox up (it says so first, as "bwrap: ...", and exits 1)."""
+    if confinement is None or rc == 0 or first is None or not first.startswith("bwrap: "):
+        return None
+    return PreconditionFailed(
+        f"the sandbox could not be set up: {first}", where=confinement.prefix[0],
+        hint="run with --sandbox off (or HERMETIC_SANDBOX=off) to build without it (the outside-root audit then "
+             "judges what appears outside the root); the answer that bubblewrap works here is cached in the root's "
+             "state/sandbox-v1: delete that folder to ask again")
+
+
 def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
                 on_line: Callable[[str], None],
                 on_start: Callable[[int], None] | None = None,
                 timeout: float | None = None) -> tuple[int, list[str]]:
-    """Run ``argv`` in a new process group under ``limits``; stream its output lines; return (rc, tail).
+    """Run ``argv`` in a new process group under ``limits`` (inside the confinement in effect, if any); stream
+    its output lines; return (rc, tail).
 
     ``on_start`` gets the pid of the group's leader (the limited child) once it runs, e.g. for a memory guard.
-    Past ``timeout`` seconds the whole session is stopped and ``TimedOut`` raised.
+    Past ``timeout`` seconds the whole session is stopped and ``TimedOut`` raised. A child that failed after
+    the sandbox refused it a write raises ``SandboxRefused`` naming the path.
     """
     # The child waits at a gate (a pipe) until its reaper runs: a kill -9 between the two starts (no signal
     # mask stops SIGKILL) closes the gate's write end, and the child exits without running anything.
+    confinement = _CONFINEMENT[0]
     gate_r, gate_w = os.pipe()
-    shim = [sys.executable, "-S", "-c", _SHIM,
+    shim = [*(confinement.prefix if confinement is not None else ()), sys.executable, "-S", "-c", _SHIM,
             json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
                         "address_space": limits.address_space, "gate": gate_r}), *argv]
+    program = os.path.basename(argv[0])
+    refused: list[Refusal] = []
+    first: str | None = None
+    began = time.time()
     # no signal may land between starting the build and starting its reaper
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
@@ -129,7 +241,10 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
             reaper = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                       env={"PATH": "/usr/bin:/bin"})
-            os.write(gate_w, b"1")
+            try:
+                os.write(gate_w, b"1")
+            except BrokenPipeError:
+                pass  # the child is gone before its gate (a sandbox that could not start): its status says why
         finally:
             os.close(gate_w)
     finally:
@@ -152,12 +267,19 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
+            if confinement is not None and len(refused) < MAX_REFUSALS:
+                path = refused_write(line, confinement.writable)
+                if path is not None:
+                    refused.append(Refusal(path, program, line[-300:]))
+            if first is None:
+                first = line  # where the sandbox could not start, it says why first
             tail.append(line)
             del tail[:-400]
             on_line(line)
         rc = proc.wait()
         finished = True
     finally:
+        SPANS.append(Span(began, time.time(), program, confinement is not None))
         if timer is not None:
             timer.cancel()
             timer.join()
@@ -173,7 +295,24 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         reaper.wait()
     if expired.is_set():
         raise TimedOut(argv, timeout or 0, tail)
+    failed = _sandbox_failed(rc, first, confinement)
+    if failed is not None:
+        raise failed
+    if refused and confinement is not None:
+        confinement.refused.extend(refused[:MAX_REFUSALS - len(confinement.refused)])
+        if rc != 0:
+            raise _refusal_error(refused[0], confinement, rc)
     return rc, tail
+
+
+def _refusal_error(r: Refusal, confinement: Confinement, rc: int) -> SandboxRefused:
+    places = " and ".join(confinement.writable)
+    return SandboxRefused(
+        f"{r.program} tried to write {r.path}, outside the scratch root, and the sandbox refused it; it then "
+        f"failed (exit {rc}). It said: {r.line.strip()}", where=r.path,
+        hint=f"hermetic's children may write only in {places}: point the tool at $HOME, $TMPDIR or its cache "
+             f"variable (hermetic sets them inside the root), or run with --sandbox off (HERMETIC_SANDBOX=off) to "
+             f"let it write there (the outside-root audit then reports the file as ours)")
 
 
 def _kill_group(sid: int) -> None:
@@ -202,7 +341,6 @@ def run_probe(argv: list[str], *, env: dict[str, str], cwd: str) -> tuple[dict[s
     """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
     (procs.run_limited). Its result is the JSON after RESULT_MARK; stdout and stderr arrive merged.
     Returns (result, or None when it failed; its other output)."""
-    from hermetic.procs import Limits, run_limited
     rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None)
     found = [line for line in tail if line.startswith(RESULT_MARK)]
     text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))

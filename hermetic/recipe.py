@@ -23,6 +23,7 @@ from hermetic.tomlutil import (
     inside_repo,
     load_toml,
     repo_file,
+    sandbox_mode,
     size_bytes,
     strings,
 )
@@ -58,6 +59,7 @@ class Limits:
     cpus: tuple[int, ...] | None = None    # CPU affinity of the compilers
     nice: int = 0
     address_space: int | None = None       # RLIMIT_AS of every compiler process, bytes
+    sandbox: str | None = None             # auto, required or off (hermetic.sandbox); None: not set here
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def _source(doc: TomlDoc, folder: Path, name: str, raw: object) -> Source:
 def _limits(doc: TomlDoc, raw: object) -> Limits:
     kp: KeyPath = ("limits",)
     table = expect_type(doc, raw, dict, kp)
-    check_keys(doc, table, {"jobs", "cpus", "nice", "address_space"}, kp)
+    check_keys(doc, table, {"jobs", "cpus", "nice", "address_space", "sandbox"}, kp)
     jobs = get_key(doc, table, "jobs", int, kp)
     jobs = (os.cpu_count() or 1) if jobs is None else jobs
     if not 1 <= jobs <= 1024:
@@ -246,7 +248,7 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
     if "address_space" in table:
         space = size_bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
                        (*kp, "address_space"))
-    return Limits(jobs, cpus, nice, space)
+    return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp))
 
 
 def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) -> Extension:

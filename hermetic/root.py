@@ -15,6 +15,21 @@ from hermetic import fs
 from hermetic.errors import BadInput, path_error
 
 ROOT_MARKER = "HERMETIC_ROOT"
+DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
+
+
+def lock_dir(configured: str | None) -> Path:
+    """The machine-wide lock folder: shared by every user (the one deliberate place outside the root).
+    ``HERMETIC_LOCK_DIR``, else the runner's ``gpu.lock_dir`` (``configured``), else the first default whose
+    parent this user may write (docs/run.md): the environment before the file, as every setting."""
+    chosen = os.environ.get("HERMETIC_LOCK_DIR") or configured
+    if chosen:
+        return Path(chosen)
+    for d in DEFAULT_LOCK_DIRS:
+        parent = Path(d).parent
+        if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
+            return Path(d)
+    return Path(DEFAULT_LOCK_DIRS[-1])
 
 
 class Cache:
@@ -46,6 +61,8 @@ CACHES = {c.name: c for c in (
                          "prediction), while the file is unchanged"),
     Cache("imports", 1, "the import check of each environment tree that passed it"),
     Cache("builds", 1, "the certificate of each module's last build, for --explain"),
+    Cache("sandbox", 1, "whether bubblewrap sets up the build sandbox here, per bwrap binary (its fingerprint), "
+                        "kernel and user"),
     Cache("kernels", 1, "`hermetic run`'s compiled kernels (Inductor, Triton, CUDA's JIT, torch extensions), a "
                         "folder per torch, CUDA, triton, Python and CPU capability: a change never reuses an entry"),
 )}

@@ -331,6 +331,19 @@ def size_bytes(doc: TomlDoc, text: str, kp: KeyPath) -> int:
     return int(value)
 
 
+SANDBOX_MODES = ("auto", "required", "off")  # hermetic.sandbox: where bubblewrap works, must, or never
+
+
+def sandbox_mode(doc: TomlDoc, table: dict[str, Any], kp: KeyPath) -> str | None:
+    """``sandbox = "auto" | "required" | "off"`` (a recipe's [limits], a runner's [cpu] and [gpu]), or None."""
+    value = get_key(doc, table, "sandbox", str, kp)
+    if value is not None and value not in SANDBOX_MODES:
+        raise BadInput(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, found {value!r}",
+                       where=doc.where(*kp, "sandbox"),
+                       hint='auto: the sandbox where bubblewrap works; required: exit 3 where it does not; off: never')
+    return value
+
+
 def strings(doc: TomlDoc, table: dict[str, Any], key: str, kp: KeyPath) -> list[str]:
     values = expect_type(doc, table.get(key, []), list, (*kp, key))
     return [expect_type(doc, v, str, (*kp, key, i)) for i, v in enumerate(values)]

@@ -1,16 +1,20 @@
 """Children under the reaper with a time limit: a real GNU patch that hangs (blocked opening a FIFO nobody
 will write again) and a real tool that never answers are stopped at their limit, and nothing of them
-survives; patch is the system's, whatever PATH says."""
+survives; patch is the system's, whatever PATH says. The session's limit and a program that cannot start
+behave the same inside the sandbox (bubblewrap, where it is installed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from hermetic import sandbox
 from hermetic.build import toolchain
 from hermetic.build.sources import apply_patch
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
@@ -31,6 +35,22 @@ def _alive_with(needle: str) -> list[str]:
     """Live processes whose command line holds ``needle`` (zombies are dead)."""
     return [f"{pid}: " + cmd.replace(b"\0", b" ").decode(errors="replace")
             for pid, cmd in live_commands().items() if needle.encode() in cmd]
+
+
+Where = Callable[[], contextlib.AbstractContextManager[object]]
+
+
+@pytest.fixture(params=["bare", "sandbox"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    """Children started bare, or inside the sandbox of a root of the test's own."""
+    if request.param == "bare":
+        yield contextlib.nullcontext
+        return
+    if sandbox.bwrap_path()[0] is None:
+        pytest.skip("bubblewrap is not installed here")
+    root = Root(tmp_path / "sandbox-root")
+    root.ensure()
+    yield sandbox.choose(root, "required", "--sandbox", tmp_path / "locks").confined
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -92,10 +112,10 @@ def test_a_tool_that_never_answers_is_stopped(tmp_path: Path, monkeypatch: pytes
     assert survivors(root.path) == [] and _alive_with("sleep\x003583") == []
 
 
-def test_run_limited_stops_the_whole_session_at_the_limit(tmp_path: Path) -> None:
+def test_run_limited_stops_the_whole_session_at_the_limit(tmp_path: Path, where: Where) -> None:
     # the child starts a grandchild in the background: the limit stops both (the session, not one pid)
     script = f"sleep 3571 & echo started; wait # {tmp_path}"
-    with pytest.raises(TimedOut) as caught:
+    with where(), pytest.raises(TimedOut) as caught:
         run_limited(["sh", "-c", script], cwd=str(tmp_path), env={"PATH": "/usr/bin:/bin"}, limits=Limits(),
                     on_line=lambda _line: None, timeout=1.0)
     assert caught.value.tail == ["started"]
@@ -115,11 +135,12 @@ def test_a_patch_that_does_not_apply_says_so_in_patchs_words(tmp_path: Path, mon
     assert "Hunk #1 FAILED" in caught.value.what and (tree / "a.txt").read_text() == "other\n"
 
 
-def test_a_program_that_cannot_start_is_said_plainly(tmp_path: Path) -> None:
-    rc, tail = run_limited([str(tmp_path / "no-such-nvcc"), "--version"], cwd=str(tmp_path),
-                           env={"PATH": "/usr/bin:/bin"}, limits=Limits(), on_line=lambda _line: None)
+def test_a_program_that_cannot_start_is_said_plainly(tmp_path: Path, where: Where) -> None:
+    with where():
+        rc, tail = run_limited([str(tmp_path / "no-such-nvcc"), "--version"], cwd=str(tmp_path),
+                               env={"PATH": "/usr/bin:/bin"}, limits=Limits(), on_line=lambda _line: None)
     assert exec_failure(rc, tail) == f"cannot run {tmp_path / 'no-such-nvcc'}: No such file or directory"
     root = Root(tmp_path / "root")
     root.ensure()
-    with pytest.raises(PreconditionFailed, match="cannot run .*no-such-nvcc"):
+    with where(), pytest.raises(PreconditionFailed, match="cannot run .*no-such-nvcc"):
         toolchain._cached_output(root, tmp_path / "no-such-nvcc", ["--version"], str.strip)

@@ -1,18 +1,24 @@
 """The outside-root audit (hermetic/audit.py): honest about what it sees (planted writes are reported, the
-root is not), bounded, JSON-ready in a stable order; in every realize receipt, where a realize with HOME and
-TMPDIR watched creates nothing outside the root and a child's real leak (a compiler flag writing into HOME)
-is reported."""
+root is not), bounded, JSON-ready in a stable order, and honest about whose each file is (``ours`` yes, no or
+unknown, from the children's spans and the file itself; ``clean`` counts only ours); in every realize receipt,
+where a realize with HOME and TMPDIR watched creates nothing outside the root, a child's real leak (a
+compiler flag writing into HOME) fails at the write inside the sandbox and is reported as ours without it, and
+another process's file is not ours."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import hermetic.audit as audit_mod
+from hermetic import sandbox
 from hermetic.audit import OutsideRootAudit
 from tests.support import cli
 from tests.support.cli import REPO
@@ -54,6 +60,69 @@ def test_planted_writes_are_reported_and_the_root_is_not(tmp_path: Path) -> None
     assert result["clean"] is False and result["complete"] is True
     assert result["counts"]["created"] == 5 and result["truncated"] == []
     assert str(home) in result["watched"] and str(root) not in " ".join(result["created"])
+    # told nothing of hermetic's children, the audit counts the whole time as one unsandboxed child's: every
+    # file still there is ours, the removed one cannot be told
+    ours = {f["path"]: f["ours"] for f in result["files"]}
+    assert ours.pop(str(tmp / "old" / "gone.txt")) == "unknown" and set(ours.values()) == {"yes"}
+    assert result["counts"]["ours"] == 6 and result["counts"]["unknown"] == 1
+
+
+def _plant(home: Path, tmp: Path, cwd: Path) -> tuple[float, float, subprocess.Popen[bytes]]:
+    """Files written during a child's span (t0..t1) and after it, one by another user, one held open."""
+    t0 = time.time()
+    (home / ".cache" / "leak.bin").write_text("ours")                       # this user, during the span
+    (tmp / "other-user.txt").write_text("x")                                # during, but owned by nobody
+    os.chown(tmp / "other-user.txt", 65534, 65534)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1], 'w')\nf.write('x')\n"
+                               "f.flush()\nprint('open', flush=True)\ntime.sleep(60)", str(cwd / "held.log")],
+                              stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline() == b"open\n"
+    (tmp / "during.txt").write_text("x")                                    # during, beside another writer
+    (tmp / "old" / "gone.txt").unlink()
+    t1 = time.time()
+    time.sleep(0.3)
+    (tmp / "after.txt").write_text("x")                                     # when no child ran
+    return t0, t1, holder
+
+
+def test_each_file_is_judged_ours_or_not_from_the_children_and_the_file(tmp_path: Path) -> None:
+    home, tmp, cwd, root = _places(tmp_path)
+    audit = OutsideRootAudit(root, home=home, temp_dirs=[tmp], cwd=cwd)
+    audit.start()
+    t0, t1, holder = _plant(home, tmp, cwd)
+    try:
+        result = audit.finish(children=[(t0, t1, "g++", False)])
+    finally:
+        holder.kill()
+        holder.wait()
+    judged = {f["path"]: (f["ours"], f["reason"]) for f in result["files"]}
+
+    def verdict(path: Path, ours: str, words: str) -> None:
+        assert judged[str(path)][0] == ours and words in judged[str(path)][1], (path, judged[str(path)])
+    verdict(home / ".cache" / "leak.bin", "yes", "while g++ (a child of hermetic, not in the sandbox) ran")
+    verdict(tmp / "other-user.txt", "no", f"owned by uid 65534; hermetic runs as uid {os.geteuid()}")
+    verdict(cwd / "held.log", "no", f"held open by pid {holder.pid}")
+    verdict(tmp / "after.txt", "no", "when no child of hermetic ran")
+    verdict(tmp / "during.txt", "unknown", "another process wrote in")
+    verdict(tmp / "old" / "gone.txt", "unknown", "it is gone")
+    assert result["clean"] is False and result["counts"]["ours"] == 1  # the leak alone makes it unclean
+    assert [f["ours"] for f in result["files"]] == ["yes", "unknown", "unknown", "no", "no", "no"]  # ours first
+
+
+def test_under_the_sandbox_no_file_outside_is_ours(tmp_path: Path) -> None:
+    home, tmp, cwd, root = _places(tmp_path)
+    audit = OutsideRootAudit(root, home=home, temp_dirs=[tmp], cwd=cwd)
+    audit.start()
+    t0, t1, holder = _plant(home, tmp, cwd)
+    try:
+        result = audit.finish(children=[(t0, t1, "ninja", True)], exclude=[tmp / "old"])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result["clean"] is True and result["counts"]["not_ours"] == len(result["files"]) == 5
+    assert all("every child of hermetic ran in the sandbox" in f["reason"] for f in result["files"])
+    assert result["removed"] == [] and result["excluded"] == [str(tmp / "old")]  # the excluded place is left out
+    assert result["children"] == {"ran": 1, "sandboxed": 1}
 
 
 def test_nothing_written_is_clean_and_a_root_inside_a_watched_place_is_skipped(tmp_path: Path) -> None:
@@ -101,7 +170,7 @@ PyMODINIT_FUNC PyInit_audit_ext(void) { return PyModule_Create(&d); }
 """
 
 
-def _realize_build(tmp_path: Path, root: Path, name: str, cflags: str) -> tuple[dict[str, object], Path, Path]:
+def _build_recipe(tmp_path: Path, name: str, cflags: str) -> Path:
     folder = tmp_path / name
     (folder / "src").mkdir(parents=True)
     (folder / "src" / "m.cpp").write_text(MODULE)
@@ -109,27 +178,75 @@ def _realize_build(tmp_path: Path, root: Path, name: str, cflags: str) -> tuple[
     (folder / "recipe.toml").write_text(recipe_toml(
         name, toolchain=True, sources={"s": "src"}, jobs=2,
         extensions=[f'name = "audit_ext"\nsource = "s"\nsources = ["*.cpp"]\ncflags = [{cflags}]']))
+    return folder / "recipe.toml"
+
+
+def _realize_build(tmp_path: Path, root: Path, name: str, cflags: str, *args: str,
+                   rc: int = 0) -> tuple[dict[str, object], Path, Path]:
+    """Realize a one-file extension with a HOME, TMPDIR and current folder of its own (watched); with
+    ``rc`` 0, the receipt's audit (and the receipt under "receipt"), else the result record."""
+    recipe = _build_recipe(tmp_path, name, cflags)
     home, tmp = tmp_path / f"{name}-home", tmp_path / f"{name}-tmp"
     env = child_env(home, tmp)
     cwd = tmp_path / f"{name}-cwd"
     cwd.mkdir()
-    p = cli.run(root, "realize", folder / "recipe.toml", "--json", env=env, cwd=cwd)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = cli.run(root, "realize", recipe, "--json", *args, env=env, cwd=cwd)
+    assert p.returncode == rc, p.stderr[-3000:]
+    if rc != 0:
+        return {**p.result, "stderr": p.stderr}, home, tmp
     receipt = json.loads(Path(json.loads(p.stdout.splitlines()[-1])["receipt"]).read_text())
-    return receipt["outside_root_audit"], home, tmp
+    return {**receipt["outside_root_audit"], "receipt": receipt}, home, tmp
 
 
-def test_a_build_writes_nothing_outside_and_a_leaking_flag_is_reported(tmp_path: Path, shared_root: Path) -> None:
+def test_a_build_writes_nothing_outside_and_a_leaking_flag_fails_in_the_sandbox_or_is_ours_without(
+        tmp_path: Path, shared_root: Path) -> None:
     audit, home, tmp = _realize_build(tmp_path, shared_root, "auditclean", "")
     assert str(home) in audit["watched"] and str(tmp) in audit["watched"]  # type: ignore[operator]
     mine = [p for p in audit["created"] + audit["changed"] + audit["removed"]  # type: ignore[operator]
             if p.startswith((str(home), str(tmp), str(tmp_path)))]
     assert mine == [], mine  # compilers, the import check and their caches all wrote inside the root
-    # a recipe flag that makes g++ write its temporaries into HOME: a real child leaking; the receipt says so
+    sandboxed = sandbox.bwrap_path()[0] is not None
+    assert audit["receipt"]["sandbox"]["used"] is sandboxed  # type: ignore[index]
+    # a recipe flag that makes g++ write its temporaries into HOME: a real child leaking
     leak_home = tmp_path / "auditleak-home"
-    audit, home, _tmp = _realize_build(tmp_path, shared_root, "auditleak",
-                                       f'"-save-temps", "-dumpdir", "{leak_home}/leak-"')
-    assert sorted(p for p in audit["created"] if p.startswith(str(home))) == [  # type: ignore[union-attr]
-        str(home / "leak-m.ii"), str(home / "leak-m.s")]
-    assert audit["clean"] is False
-    assert (home / "leak-m.ii").exists() and REPO.exists()
+    flag = f'"-save-temps", "-dumpdir", "{leak_home}/leak-"'
+    if sandboxed:  # the write fails at once, the error names it, nothing lands
+        result, home, _tmp = _realize_build(tmp_path, shared_root, "auditleak", flag, rc=1)
+        err = result["error"]
+        assert err["kind"] == "sandbox-refused" and str(err["where"]).startswith(f"{leak_home}/leak-m."), err  # type: ignore[index]
+        assert f"error: {leak_home}/leak-m." in str(result["stderr"]) and "--sandbox off" in str(result["stderr"])
+        assert not list(home.glob("leak-*"))
+    # without the sandbox the same leak lands, and the receipt says it is ours
+    off_flag = f'"-save-temps", "-dumpdir", "{tmp_path / "auditleakoff-home"}/off-"'
+    audit, home, _tmp = _realize_build(tmp_path, shared_root, "auditleakoff", off_flag, "--sandbox", "off")
+    assert audit["receipt"]["sandbox"] == {"mode": "off", "set_by": "--sandbox", "used": False,  # type: ignore[index]
+                                           "why_not": "sandbox = off (--sandbox)"}
+    ours = {f["path"]: f for f in audit["files"] if f["ours"] == "yes"}  # type: ignore[union-attr]
+    assert sorted(p for p in ours if p.startswith(str(home))) == [str(home / "off-m.ii"), str(home / "off-m.s")]
+    assert "ninja" in ours[str(home / "off-m.ii")]["reason"]
+    assert audit["clean"] is False and (home / "off-m.ii").exists() and REPO.exists()
+
+
+def test_another_process_file_is_not_ours_and_leaves_the_build_clean(tmp_path: Path, shared_root: Path) -> None:
+    """Without the sandbox: a file another process writes (and holds open) in the watched TMPDIR while a
+    realize builds is reported, judged not ours, and ``clean`` stays true."""
+    recipe = _build_recipe(tmp_path, "auditother", "")
+    home, tmp = tmp_path / "auditother-home", tmp_path / "auditother-tmp"
+    proc = cli.popen(shared_root, "realize", recipe, "--json", "--sandbox", "off", env=child_env(home, tmp))
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the realize has begun (its audit's snapshot is taken before its first record)
+    other = tmp / "other-writer.log"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nf = open(sys.argv[1], 'w')\nf.write('x')\n"
+                               "f.flush()\ntime.sleep(600)", str(other)])
+    try:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+    finally:
+        holder.kill()
+        holder.wait()
+    receipt = json.loads(Path(json.loads(out.splitlines()[-1])["receipt"]).read_text())
+    audit = receipt["outside_root_audit"]
+    judged = {f["path"]: f for f in audit["files"]}
+    assert str(other) in audit["created"] and judged[str(other)]["ours"] == "no", judged
+    assert f"held open by pid {holder.pid}" in judged[str(other)]["reason"]
+    assert audit["clean"] is True and receipt["sandbox"]["used"] is False

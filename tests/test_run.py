@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hermetic import fs
+from hermetic import fs, sandbox
 from hermetic.errors import BadInput
 from hermetic.run.gpu import GpuFacts, check_preconditions
 from hermetic.run.spec import load_runner
@@ -48,6 +48,16 @@ class OneUlpWorker(DraftWorker):
 
 def make_worker(ctx):
     return OneUlpWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
+"""
+
+LEAKY_WORKER = """\
+from draft_worker import DraftWorker, load_states  # noqa: F401
+
+
+def make_worker(ctx):
+    with open("{leak}", "w") as f:  # a cache in the real HOME, named by a careless library
+        f.write("cached")
+    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
 """
 
 HUNGRY_WORKER = """\
@@ -95,6 +105,9 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     assert receipt["environment"]["threads"] == 2
     audit = receipt["outside_root_audit"]
     assert audit.get("available", True) is not False
+    assert receipt["sandbox"]["used"] is (sandbox.bwrap_path()[0] is not None)  # auto: where bwrap works
+    if receipt["sandbox"]["used"]:  # inside it nothing outside can be ours, whatever else the machine writes
+        assert audit["clean"] is True and audit["counts"]["ours"] == 0, audit["files"][:5]
     # the protocol: cells interleaved, the order reversed every repetition, the first call of a block dropped
     results = json.loads((run_dir / "results.json").read_text())
     samples = results["samples"]
@@ -184,6 +197,32 @@ def test_the_memory_guard_stops_a_worker_past_its_limit(run_root: tuple[Path, Pa
     assert receipt["status"] == "failed" and "memory guard" in receipt["reason"]
     plan = str(Path(res["run_dir"]) / "plan.json")
     assert not [p for p in psutil.process_iter(["cmdline"]) if plan in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.skipif(sandbox.bwrap_path()[0] is None, reason="bubblewrap is not installed here")
+def test_a_worker_writing_to_the_real_home_fails_in_the_sandbox_and_is_ours_without(run_root: tuple[Path, Path],
+                                                                                   tmp_path: Path) -> None:
+    leak = tmp_path / "home" / ".cache" / "careless" / "kernels.bin"
+    leak.parent.mkdir(parents=True)
+    runner = small_repo(tmp_path / "repo", LEAKY_WORKER.format(leak=leak))
+    h = run_hermetic(run_root, tmp_path)
+    r = h("run", runner, "--device", "cpu", "--json")
+    assert r.rc == 1, r.err[-3000:]
+    err = r.result["error"]
+    assert err["kind"] == "sandbox-refused" and err["where"] == str(leak), err
+    assert f"error: {leak}: python" in r.err and "Read-only file system" in r.err
+    assert not leak.exists()
+    receipt = json.loads(Path(err["hint"].rsplit("the run's receipt: ", 1)[1]).read_text())
+    assert receipt["status"] == "failed" and str(leak) in receipt["reason"]
+    assert receipt["sandbox"]["used"] and receipt["sandbox"]["refused"][0]["path"] == str(leak)
+    # without the sandbox the run passes, the file lands, and the audit says it is ours
+    r = h("run", runner, "--device", "cpu", "--json", "--sandbox", "off")
+    assert r.rc == 0, r.err[-3000:]
+    receipt = json.loads(Path(r.result["receipt"]).read_text())
+    assert receipt["sandbox"]["used"] is False and leak.exists()
+    ours = [f for f in receipt["outside_root_audit"]["files"] if f["ours"] == "yes"]
+    assert [f["path"] for f in ours] == [str(leak)], ours
+    assert "python" in ours[0]["reason"] and receipt["outside_root_audit"]["clean"] is False
 
 
 def test_a_second_run_waits_for_the_lock_then_gives_up(run_root: tuple[Path, Path], tmp_path: Path) -> None:

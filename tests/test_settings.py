@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hermetic import root as root_mod
 from hermetic.root import Root
 from hermetic.run import devices
 
@@ -32,7 +33,7 @@ def test_the_lock_folder_environment_then_runner_then_defaults(tmp_path: Path, m
     (tmp_path / "run-lock").mkdir()
     defaults = (str(tmp_path / "missing" / "hermetic"), str(tmp_path / "run-lock" / "hermetic"),
                 str(tmp_path / "last" / "hermetic"))
-    monkeypatch.setattr(devices, "DEFAULT_LOCK_DIRS", defaults)
+    monkeypatch.setattr(root_mod, "DEFAULT_LOCK_DIRS", defaults)
     assert devices.lock_dir(None) == tmp_path / "run-lock" / "hermetic"
     os.rmdir(tmp_path / "run-lock")
     assert devices.lock_dir(None) == tmp_path / "last" / "hermetic"

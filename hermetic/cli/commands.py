@@ -43,7 +43,7 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     if outcome is None:  # only now pay for importing the pipeline
         from hermetic.realize.pipeline import realize
         outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote,
-                          offline=args.offline)
+                          offline=args.offline, sandbox=args.sandbox)
     else:
         reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
                                 "and hashes): nothing fetched, compiled or written")
@@ -106,12 +106,19 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     if report.problems and args.repair:
         removed = drop_corrupt(store, report.problems)
         reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
-        _realize_roots(root, reporter, _remote(args), args.offline)
+        _realize_roots(root, reporter, _remote(args), args.offline, args.sandbox)
         report = verify(store, root)
     rebuilt = []
     if args.rebuild_sample > 0:
         from hermetic.build.rebuild import rebuild_sample
-        rebuilt = rebuild_sample(root, store, args.rebuild_sample)
+        from hermetic.realize.pipeline import say_refused, say_sandbox
+        from hermetic.root import lock_dir
+        from hermetic.sandbox import choose, resolve_mode
+        sandbox = choose(root, *resolve_mode(args.sandbox), lock_dir(None))
+        say_sandbox(reporter, sandbox, "the rebuilt sample")
+        with sandbox.confined():
+            rebuilt = rebuild_sample(root, store, args.rebuild_sample)
+        say_refused(reporter, sandbox)
         for r in rebuilt:
             reporter.event("rebuild", f"{r.outcome}: {r.source} ({r.entry})" + (f": {r.detail}" if r.detail else ""),
                            entry=r.entry, source=r.source, outcome=r.outcome, detail=r.detail)
@@ -126,12 +133,13 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if ok else 1
 
 
-def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool) -> None:
+def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool,
+                   sandbox: str | None) -> None:
     from hermetic.realize.pipeline import realize
     for p in sorted(root.roots.glob("*.json")):
         recipe = Path(json.loads(p.read_text()).get("recipe", ""))
         if recipe.is_file():
-            realize(root, recipe, reporter, remote=remote, offline=offline)
+            realize(root, recipe, reporter, remote=remote, offline=offline, sandbox=sandbox)
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
 
@@ -210,7 +218,8 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
               repetitions=args.repetitions,
               power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
-              record_digests=args.record_digests, remote=_remote(args), offline=args.offline)
+              record_digests=args.record_digests, remote=_remote(args), offline=args.offline,
+              sandbox=args.sandbox)
     body = out.summary
     if out.exit_code:
         reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "

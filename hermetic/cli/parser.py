@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be fetched (bytes), unpacked, compiled and reused, decided from the keys "
                         "and the store; write nothing under the root")
+    _sandbox_option(p)
     _remote_options(p)
 
     p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
     p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
                    help="also compile N stored objects again and compare them with the stored ones")
+    _sandbox_option(p)
     _remote_options(p)
 
     sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-digests", action="store_true",
                    help="write this device class's reference digests (manifests/digests/CLASS.txt), pinned to "
                         "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
+    _sandbox_option(p)
     _remote_options(p)
 
     p = sub.add_parser("completion", parents=[common], help="print the shell completion script (bash or zsh)")
@@ -128,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help='bash: eval "$(hermetic completion bash)" in ~/.bashrc; zsh: hermetic completion zsh > '
                         '"${fpath[1]}/_hermetic"')
     return parser
+
+
+def _sandbox_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sandbox", choices=("auto", "required", "off"), default=None,
+                   help="run compilers, the import check and the measuring process where only the scratch root and "
+                        "the lock folder are writable (bubblewrap): auto (default) where it works, required (exit 3 "
+                        "where it does not), off (default $HERMETIC_SANDBOX, else the recipe's [limits] sandbox or "
+                        "the runner's [cpu]/[gpu] sandbox)")
 
 
 def _remote_options(p: argparse.ArgumentParser) -> None:

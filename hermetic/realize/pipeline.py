@@ -1,7 +1,8 @@
 """realize: a recipe into the store, as the steps of docs/builds.md.
 
     0. no-op      has anything changed? (``realize.noop``; the caller asks, once per command)
-    1. validate   the recipe and its variants; the store and the remote cache opened
+    1. validate   the recipe and its variants; the store and the remote cache opened; the sandbox every
+                  child of the steps below runs in (hermetic.sandbox), or why there is none
     2. qualify    the recipe's interpreter (its tags, markers and scheme; torch too for a recipe that
                   builds) and the locks, evaluated for it
     3. fetch      every locked wheel not yet in the store, unpacked once
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hermetic import procs
 from hermetic.audit import OutsideRootAudit
 from hermetic.build.toolchain import toolchain_links
 from hermetic.errors import BadInput
@@ -33,7 +35,8 @@ from hermetic.realize.noop import Outcome, record_inputs
 from hermetic.realize.receipt import write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
-from hermetic.root import Root
+from hermetic.root import Root, lock_dir
+from hermetic.sandbox import Sandbox, choose, resolve_mode
 from hermetic.store import Store, entry_ref, split_refs
 from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
@@ -49,19 +52,36 @@ if TYPE_CHECKING:
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
-            explain: bool = False, remote: RemoteOptions | None = None, offline: bool = False) -> Outcome:
+            explain: bool = False, remote: RemoteOptions | None = None, offline: bool = False,
+            sandbox: str | None = None) -> Outcome:
     """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``).
-    ``offline``: nothing is fetched (no index, no remote cache); what would have to be is a failed precondition."""
+    ``offline``: nothing is fetched (no index, no remote cache); what would have to be is a failed precondition.
+    ``sandbox``: the command line's mode (``--sandbox``), which wins over HERMETIC_SANDBOX and the recipe's."""
     r = Realization(root, recipe_path, reporter, variant, explain, remote, offline)
-    r.validate()        # 1
-    r.qualify()         # 2
-    r.fetch()           # 3
-    r.toolchain()       # 4
-    r.sources()         # 5
-    r.build()           # 6
-    r.materialize()     # 7
-    r.check()           # 8
-    return r.receipt()  # 9
+    r.validate(sandbox)     # 1
+    with r.sandbox.confined():
+        r.qualify()         # 2
+        r.fetch()           # 3
+        r.toolchain()       # 4
+        r.sources()         # 5
+        r.build()           # 6
+        r.materialize()     # 7
+        r.check()           # 8
+        return r.receipt()  # 9
+
+
+def say_sandbox(reporter: Reporter, sandbox: Sandbox, what: str) -> None:
+    """One line where the children run without a sandbox although it was not turned off."""
+    if not sandbox.used and sandbox.mode != "off":
+        reporter.event("sandbox", f"no sandbox for {what}: {sandbox.why_not}; the outside-root audit judges what "
+                                  f"appears outside the root instead", used=False, why_not=sandbox.why_not)
+
+
+def say_refused(reporter: Reporter, sandbox: Sandbox) -> None:
+    """The writes the sandbox refused to children that carried on (one that failed is an error)."""
+    for r in sandbox.confinement.refused if sandbox.confinement is not None else []:
+        reporter.warn(f"the sandbox refused {r.program} a write to {r.path} (it carried on): {r.line.strip()}",
+                      path=r.path)
 
 
 class Realization:
@@ -102,11 +122,17 @@ class Realization:
     def builds(self) -> bool:
         return bool(self.recipe.extensions)
 
-    def validate(self) -> None:
+    def validate(self, sandbox: str | None = None) -> None:
         self.recipe = load_recipe(self.recipe_path)
         self.variants = chosen_variants(self.recipe, self.variant)
         self.name = self.recipe.name if self.variant is None else f"{self.recipe.name}.{self.variant}"
         self.root.ensure()
+        limits = self.recipe.limits
+        mode, set_by = resolve_mode(sandbox, limits.sandbox,
+                                    self.recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
+        self.lock_folder = lock_dir(None)
+        self.sandbox = choose(self.root, mode, set_by, self.lock_folder)
+        say_sandbox(self.reporter, self.sandbox, f"realizing {self.name}")
         self.store = Store(self.root.store).open()
         self.share = open_sharing(self.store, self.recipe, self.remote_options, self.reporter, self.offline)
         if self.builds:
@@ -212,7 +238,10 @@ class Realization:
         outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
         # its own receipt, even when it changed nothing: the latest one in the folder may be another
         # process's, which built what this one found built (a no-op returns the receipt its record names)
-        self.report["outside_root_audit"] = self.audit.finish()
+        self.report["sandbox"] = self.sandbox.record()
+        say_refused(self.reporter, self.sandbox)
+        self.report["outside_root_audit"] = self.audit.finish(children=children_since(self.audit.started),
+                                                              exclude=[self.lock_folder])
         outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
                                         [*self.unpacked, *self.toolchain_unpacked], self.report)
         host = [*_host_paths(self.report), *([Path(self.python.executable)] if self.python else [])]
@@ -223,6 +252,11 @@ class Realization:
 
     def toolchain_locks(self) -> list[Lock]:
         return [self.toolchain_lock] if self.toolchain_lock is not None else []
+
+
+def children_since(started: float) -> list[tuple[float, float, str, bool]]:
+    """Every child hermetic ran since ``started`` (for the audit): when, what, and whether in the sandbox."""
+    return [(c.start, c.end, c.program, c.confined) for c in procs.SPANS if c.end >= started]
 
 
 def chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:

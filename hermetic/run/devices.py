@@ -13,9 +13,10 @@ from typing import Any
 from hermetic import fs
 from hermetic.errors import PreconditionFailed, path_error
 from hermetic.reporter import Reporter
+from hermetic.root import DEFAULT_LOCK_DIRS, lock_dir
 from hermetic.run.spec import Runner
 
-DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
+__all__ = ["DEFAULT_LOCK_DIRS", "cpu_facts", "gpu_preconditions", "lock_dir", "pick_device", "take_lock"]
 
 
 # the device and its lock -----------------------------------------------------------------------------------
@@ -28,20 +29,6 @@ def pick_device(requested: str) -> str:
         raise PreconditionFailed("no GPU is visible through NVML", where="--device gpu",
                                  hint="run on a GPU machine, or use --device cpu")
     return "gpu" if n else "cpu"
-
-
-def lock_dir(configured: str | None) -> Path:
-    """The machine-wide lock folder: shared by every user (the one deliberate place outside the root).
-    ``HERMETIC_LOCK_DIR``, else the runner's ``gpu.lock_dir`` (``configured``), else the first default whose
-    parent this user may write (docs/run.md): the environment before the file, as every setting."""
-    chosen = os.environ.get("HERMETIC_LOCK_DIR") or configured
-    if chosen:
-        return Path(chosen)
-    for d in DEFAULT_LOCK_DIRS:
-        parent = Path(d).parent
-        if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK):
-            return Path(d)
-    return Path(DEFAULT_LOCK_DIRS[-1])
 
 
 def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, what: str) -> tuple[fs.FileLock, float]:

@@ -6,7 +6,8 @@ docs/run.md:
     3. lock           the device (a machine-wide flock, waiting up to the runner's limit)
     4. preconditions  of the GPU, read through NVML, never changed
     5-7. measure      in the measuring process (cleared environment, affinity, nice, threads, address space
-                      on a CPU, the resident-memory guard): exactness, digests, the interleaved protocol
+                      on a CPU, the resident-memory guard, the sandbox where only the root and the lock
+                      folder are writable): exactness, digests, the interleaved protocol
     8. analyse        statistics, the A/A control, drift, the digests against the reference
     9. outputs        results, report, plot, receipt (a gc root)
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import __version__, fs
-from hermetic.errors import BadInput
+from hermetic.errors import BadInput, SandboxRefused
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.run.analysis import analyze
@@ -47,14 +48,14 @@ class RunOutcome:
 
 # realize ---------------------------------------------------------------------------------------------------
 def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None,
-                offline: bool = False) -> list[dict[str, Any]]:
+                offline: bool = False, sandbox: str | None = None) -> list[dict[str, Any]]:
     from hermetic.realize.noop import noop_check
     out = []
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
         if outcome is None:
             from hermetic.realize.pipeline import realize
-            outcome = realize(root, path, reporter, remote=remote, offline=offline)
+            outcome = realize(root, path, reporter, remote=remote, offline=offline, sandbox=sandbox)
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
@@ -116,8 +117,11 @@ def make_plan(runner: Runner, kind: str, run_dir: Path, gpu: Any, peer: Any = No
 
 
 def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[str, Any]], gpu: Any, peer: Any,
-            run_dir: Path, reporter: Reporter) -> tuple[dict[str, Any] | None, dict[str, Any], int, list[str]]:
-    """Run the measuring process; (raw results or None, guard record, exit status, log tail)."""
+            run_dir: Path, reporter: Reporter
+            ) -> tuple[dict[str, Any] | None, dict[str, Any], int, list[str], SandboxRefused | None]:
+    """Run the measuring process (in the sandbox in effect, if any); (raw results or None, guard record, exit
+    status, log tail, the sandbox's refusal when the process failed after one: a failed run, whose receipt is
+    written before the error is said)."""
     from hermetic.procs import Limits, run_limited
     from hermetic.run.guard import MemoryGuard
     spec = runner.device(kind)
@@ -153,9 +157,12 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
             reporter.warn(rec.get("message", ""))
 
     python = realized[0]["python"] if realized else sys.executable
+    refused = None
     try:
         rc, tail = run_limited([python, "-m", "hermetic.run.child", str(plan_path)], cwd=str(run_dir), env=env,
                                limits=limits, on_line=on_line, on_start=guard.watch)
+    except SandboxRefused as e:
+        refused, rc, tail = e, 1, [e.what]
     finally:
         guard.stop()
         log.close()
@@ -163,16 +170,17 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
             t.close()
     raw_path = Path(plan["results"])
     raw = json.loads(raw_path.read_text()) if rc == 0 and raw_path.exists() else None
-    return raw, guard.record(), rc, tail
+    return raw, guard.record(), rc, tail, refused
 
 
 # the command -----------------------------------------------------------------------------------------------
 def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "auto", gpu_index: int = 0,
         peer_index: int | None = None, repetitions: int | None = None, power_cap: float | None = None,
         lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False,
-        remote: Any = None, offline: bool = False) -> RunOutcome:
-    """The steps of docs/run.md (``offline``: the realize of step 2 fetches nothing)."""
-    m = Measurement(root, reporter, device, gpu_index, peer_index, record_digests, remote)
+        remote: Any = None, offline: bool = False, sandbox: str | None = None) -> RunOutcome:
+    """The steps of docs/run.md (``offline``: the realizes of step 2 fetch nothing). ``sandbox``: the command
+    line's mode, over HERMETIC_SANDBOX and the runner's (the realizes of step 2 take it over their recipes' too)."""
+    m = Measurement(root, reporter, device, gpu_index, peer_index, record_digests, remote, sandbox)
     m.offline = offline
     m.validate(runner_path, repetitions=repetitions, power_cap_w=power_cap, lock_timeout=lock_timeout,
                states=states)   # 1
@@ -184,15 +192,21 @@ def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "aut
     finally:
         m.unlock()
     m.analyse()                 # 8 (and the digests of step 6)
-    return m.outputs()          # 9
+    out = m.outputs()           # 9
+    if m.refused is not None:   # the receipt says so too; the error names the path
+        m.refused.hint = f"{m.refused.hint}; the run's receipt: {out.receipt}"
+        raise m.refused
+    return out
 
 
 class Measurement:
     """The state one ``hermetic run`` carries from step to step."""
 
     def __init__(self, root: Root, reporter: Reporter, device: str, gpu_index: int, peer_index: int | None,
-                 record_digests: bool, remote: Any) -> None:
+                 record_digests: bool, remote: Any, sandbox: str | None = None) -> None:
         self.root, self.reporter, self.device = root, reporter, device
+        self.sandbox_mode = sandbox
+        self.refused: SandboxRefused | None = None
         self.gpu_index, self.peer_index, self.record_digests, self.remote = gpu_index, peer_index, record_digests, \
             remote
         self.offline = False
@@ -216,9 +230,17 @@ class Measurement:
                            hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
         self.root.ensure()
         self.audit = _audit(self.root)
+        self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
+        from hermetic.realize.pipeline import say_sandbox
+        from hermetic.sandbox import choose, resolve_mode
+        mode, set_by = resolve_mode(self.sandbox_mode, self.spec.sandbox,
+                                    self.runner.doc.where(self.kind, "sandbox") if self.spec.sandbox else "")
+        self.sandbox = choose(self.root, mode, set_by, self.lock_dir)
+        say_sandbox(self.reporter, self.sandbox, "the measuring process")
 
     def realize(self) -> None:
-        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote, self.offline)
+        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote, self.offline,
+                                    self.sandbox_mode)
         self.timings["realize"] = round(time.monotonic() - self.started, 3)
         from hermetic.store import Store
         store = Store(self.root.store).open()
@@ -237,7 +259,6 @@ class Measurement:
         else:
             self.wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
             timeout = self.runner.protocol.cpu_lock_timeout
-        self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
         for lock_name, what in self.wanted:
             lk, w = take_lock(self.lock_dir, lock_name, timeout, self.reporter, what)
             self.locks.append(lk)
@@ -263,9 +284,12 @@ class Measurement:
                                          f"cells x {len(self.spec.kernels)} kernel sets, "
                                          f"{self.runner.protocol.repetitions} repetitions)")
         t = time.monotonic()
-        self.raw, self.guard, self.rc, self.tail = measure_in_child(self.root, self.runner, self.kind, self.realized,
-                                                                    self.gpu, self.peer, self.run_dir, self.reporter)
+        with self.sandbox.confined():
+            self.raw, self.guard, self.rc, self.tail, self.refused = measure_in_child(
+                self.root, self.runner, self.kind, self.realized, self.gpu, self.peer, self.run_dir, self.reporter)
         self.timings["measure"] = round(time.monotonic() - t, 3)
+        from hermetic.realize.pipeline import say_refused
+        say_refused(self.reporter, self.sandbox)
 
     def analyse(self) -> None:
         runner, kind, spec, gpu, peer = self.runner, self.kind, self.spec, self.gpu, self.peer
@@ -283,7 +307,7 @@ class Measurement:
             "locks": {"paths": [str(self.lock_dir / n) for n, _ in self.wanted], "waited_s": round(self.waited, 3)},
             "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
                        "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
-            "memory_guard": self.guard, "run_dir": str(self.run_dir),
+            "memory_guard": self.guard, "run_dir": str(self.run_dir), "sandbox": self.sandbox.record(),
         }
         raw = self.raw
         if raw is None:
@@ -291,6 +315,8 @@ class Measurement:
             if guard["tripped"]:
                 reason = (f"the memory guard stopped the run: resident memory {guard['stopped']['rss'] / 2**20:.0f} "
                           f"MiB over the limit of {guard['limit'] / 2**20:.0f} MiB")
+            elif self.refused is not None:
+                reason = self.refused.what
             else:
                 reason = f"the measuring process failed (exit {self.rc}): " + " | ".join(self.tail[-5:])
             self.body.update(status="failed", reason=reason)
@@ -408,11 +434,8 @@ def _audit(root: Root) -> Any:
 def _audit_finish(audit: Any, ldir: Path) -> dict[str, Any]:
     if audit is None:
         return {"available": False}
-    rec: dict[str, Any] = audit.finish()
-    lock_prefix = str(ldir) + os.sep
-    rec["created"] = [p for p in rec.get("created", []) if not str(p).startswith(lock_prefix)]
-    rec["clean"] = not rec["created"]
-    rec["excluded"] = [str(ldir) + " (the machine-wide lock folder)"]
+    from hermetic.realize.pipeline import children_since
+    rec: dict[str, Any] = audit.finish(children=children_since(audit.started), exclude=[ldir])
     return rec
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from hermetic.errors import BadInput
 from hermetic.recipe import MODULE_RE, NAME_RE, cpu_list, inside_repo, repo_file, size_bytes, strings
-from hermetic.tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key, load_toml
+from hermetic.tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key, load_toml, sandbox_mode
 
 MASKS = ("greedy", "alternate", "alternate-odd", "sampled")
 GRAPHS = ("original", "switch")
@@ -63,6 +63,7 @@ class DeviceSpec:
     nice: int = 0
     memory: int = 8 << 30                 # resident-memory guard over the worker's process tree
     address_space: int | None = None      # CPU runs only (CUDA's mappings need more than any sane limit)
+    sandbox: str | None = None            # the measuring process's: auto, required or off; None: not set here
     # gpu only
     lock_timeout: float = 3600.0
     lock_dir: str | None = None
@@ -242,7 +243,7 @@ def _number(doc: TomlDoc, table: dict[str, Any], key: str, kp: KeyPath, lo: floa
 def _device(doc: TomlDoc, folder: Path, data: dict[str, Any], kind: str, modules: dict[str, str]) -> DeviceSpec:
     kp: KeyPath = (kind,)
     t = _table(doc, data, kind, required=True)
-    allowed = {"realize", "kernels", "threads", "cpus", "nice", "memory"}
+    allowed = {"realize", "kernels", "threads", "cpus", "nice", "memory", "sandbox"}
     allowed |= {"address_space"} if kind == "cpu" else {"lock_timeout", "lock_dir", "power_cap_w",
                                                           "min_free_memory", "l2_flush", "settle_seconds",
                                                           "heavy_power_fraction"}
@@ -262,7 +263,7 @@ def _device(doc: TomlDoc, folder: Path, data: dict[str, Any], kind: str, modules
     nice = int(_number(doc, t, "nice", kp, 0, 19, 0))
     mem_text = get_key(doc, t, "memory", str, kp)
     memory = size_bytes(doc, mem_text, (*kp, "memory")) if mem_text else 8 << 30
-    spec = DeviceSpec(kind, realize, kernels, threads, cpus, nice, memory)
+    spec = DeviceSpec(kind, realize, kernels, threads, cpus, nice, memory, sandbox=sandbox_mode(doc, t, kp))
     if kind == "cpu":
         as_text = get_key(doc, t, "address_space", str, kp)
         return replace(spec, address_space=size_bytes(doc, as_text, (*kp, "address_space")) if as_text else None)

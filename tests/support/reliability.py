@@ -333,9 +333,11 @@ class CrashLab:
         self.reference_raw = self._module_bytes()
         self.reference = normalized(self.reference_raw)
         seconds = time.monotonic() - start
+        receipt = json.loads(Path(run.result["receipt"]).read_text())  # before gc --drop-root removes it
         self._forget()
         return {"reference_realize_s": round(seconds, 2), "module_bytes": len(self.reference_raw),
-                "phases": [r["phase"] for r in run.records if r.get("event") == "phase"]}
+                "phases": [r["phase"] for r in run.records if r.get("event") == "phase"],
+                "sandbox": receipt.get("sandbox")}
 
     def _realize(self) -> Result:
         return cli.run(self.root, "realize", self.recipe, "--json", env=self.env, cwd=self.cwd)

@@ -1,0 +1,168 @@
+"""The sandbox (hermetic/sandbox.py, procs.confined): bubblewrap detected once and cached, a child's write
+outside the root refused at once with an error naming the path, the setting's three modes (required exits 3
+where no sandbox can be had), and the receipt saying whether the sandbox was used and why not. The real
+bwrap of this machine, and fake ones (shell scripts) for a bwrap that is broken or does not confine."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from hermetic import procs, sandbox
+from hermetic.errors import BadInput, PreconditionFailed, SandboxRefused
+from hermetic.procs import Limits, run_limited
+from hermetic.root import Root
+from tests.support.index import LoopbackIndex
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
+
+needs_bwrap = pytest.mark.skipif(sandbox.bwrap_path()[0] is None, reason="bubblewrap is not installed here")
+
+
+def _root(tmp_path: Path) -> Root:
+    root = Root(tmp_path / "root")
+    root.ensure()
+    return root
+
+
+def _fake_bwrap(tmp_path: Path, body: str) -> Path:
+    """A script standing in for bwrap; it logs every call to calls.log beside it."""
+    exe = tmp_path / "fake-bwrap"
+    exe.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls.log"}\n{body}\n')
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+def _calls(tmp_path: Path) -> int:
+    log = tmp_path / "calls.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_the_mode_comes_from_the_command_line_then_the_environment_then_the_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERMETIC_SANDBOX", raising=False)
+    assert sandbox.resolve_mode(None) == ("auto", "the default")
+    assert sandbox.resolve_mode(None, "off", "r.toml:3: key limits.sandbox") == ("off", "r.toml:3: key limits.sandbox")
+    monkeypatch.setenv("HERMETIC_SANDBOX", "required")
+    assert sandbox.resolve_mode(None, "off", "r.toml") == ("required", "HERMETIC_SANDBOX")
+    assert sandbox.resolve_mode("off", "auto", "r.toml") == ("off", "--sandbox")
+    monkeypatch.setenv("HERMETIC_SANDBOX", "sometimes")
+    with pytest.raises(BadInput, match="HERMETIC_SANDBOX must be one of auto, required, off"):
+        sandbox.resolve_mode(None)
+
+
+def test_a_missing_bwrap_says_why_and_required_is_a_failed_precondition(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _root(tmp_path)
+    monkeypatch.setenv("HERMETIC_BWRAP", str(tmp_path / "no-such-bwrap"))
+    sb = sandbox.choose(root, "auto", "the default", tmp_path / "locks")
+    assert not sb.used and sb.record() == {"mode": "auto", "set_by": "the default", "used": False,
+                                           "why_not": f"HERMETIC_BWRAP names {tmp_path / 'no-such-bwrap'}, which "
+                                                      f"is not an executable file"}
+    with pytest.raises(PreconditionFailed) as e:
+        sandbox.choose(root, "required", "--sandbox", tmp_path / "locks")
+    assert e.value.exit_code == 3 and e.value.where == "--sandbox" and "apt-get install bubblewrap" in str(e.value.hint)
+    off = sandbox.choose(root, "off", "HERMETIC_SANDBOX", tmp_path / "locks")
+    assert off.record()["why_not"] == "sandbox = off (HERMETIC_SANDBOX)"
+
+
+def test_a_bwrap_that_does_not_confine_or_cannot_start_is_found_out_once(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _root(tmp_path)
+    # runs the command after "--" as it is: the probe's write outside the root lands, and is taken back
+    loose = _fake_bwrap(tmp_path, 'while [ "$1" != "--" ]; do shift; done; shift; exec "$@"')
+    monkeypatch.setenv("HERMETIC_BWRAP", str(loose))
+    found = sandbox.detect(root, tmp_path / "locks")
+    assert not found.works and "its write outside the root was not refused" in found.why, found
+    assert not list(tmp_path.glob(".hermetic-sandbox-probe-*"))
+    calls = _calls(tmp_path)
+    assert sandbox.detect(root, tmp_path / "locks") == found and _calls(tmp_path) == calls  # cached: not asked again
+    # a bwrap that cannot set up its namespace says so first and exits 1
+    (tmp_path / "b").mkdir()
+    broken = _fake_bwrap(tmp_path / "b", 'echo "bwrap: Creating new namespace failed: Operation not permitted" >&2; '
+                                         'exit 1')
+    monkeypatch.setenv("HERMETIC_BWRAP", str(broken))
+    found = sandbox.detect(root, tmp_path / "locks")
+    assert not found.works and "Creating new namespace failed: Operation not permitted" in found.why, found
+    assert json.dumps(sandbox.choose(root, "auto", "the default", tmp_path / "locks").record())
+
+
+@needs_bwrap
+def test_the_real_bwrap_works_here_and_its_answer_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERMETIC_BWRAP", raising=False)
+    root = _root(tmp_path)
+    sb = sandbox.choose(root, "required", "--sandbox", tmp_path / "locks")
+    rec = sb.record()
+    assert rec["used"] and rec["tool"] == sandbox.bwrap_path()[0] and rec["version"].startswith("bubblewrap")
+    assert rec["writable"] == [str(root.path), str(tmp_path / "locks")] and rec["refused"] == []
+    assert len(list(root.cache_dir("sandbox").glob("*.json"))) == 1
+
+
+@needs_bwrap
+def test_a_child_writing_to_home_or_tmp_fails_at_once_naming_the_path(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERMETIC_BWRAP", raising=False)
+    root = _root(tmp_path)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    home_cache = tmp_path / "real-home" / ".cache"   # the HOME hermetic was started with: not the child's
+    home_cache.mkdir(parents=True)
+    sb = sandbox.choose(root, "auto", "the default", locks)
+    env = root.child_env({"PATH": "/usr/bin:/bin"})
+    write = "import sys\nfor p in sys.argv[1:]:\n    open(p, 'w').write('x')\n"
+    leaks = (home_cache / "leak.bin", Path("/tmp") / f"hermetic-sandbox-test-{os.getpid()}")
+    for leak in leaks:
+        with sb.confined(), pytest.raises(SandboxRefused) as e:
+            run_limited([sys.executable, "-c", write, str(leak)], cwd=str(root.tmp), env=env, limits=Limits(),
+                        on_line=lambda _line: None)
+        assert e.value.where == str(leak) and e.value.exit_code == 1, e.value.render()
+        assert "Read-only file system" in e.value.what and "--sandbox off" in str(e.value.hint)
+        assert not leak.exists()
+    # inside the root and the lock folder it writes; a child that carries on after a refusal is listed too
+    carry_on = "import sys\ntry:\n    open(sys.argv[1], 'w')\nexcept OSError as e:\n    print(e)\n" \
+               "open(sys.argv[2], 'w').write('x'); open(sys.argv[3], 'w').write('x')\n"
+    with sb.confined():
+        rc, _tail = run_limited([sys.executable, "-c", carry_on, str(home_cache / "x"), str(root.tmp / "ok"),
+                                 str(locks / "ok.lock")], cwd=str(root.tmp), env=env, limits=Limits(),
+                                on_line=lambda _line: None)
+    assert rc == 0 and (root.tmp / "ok").exists() and (locks / "ok.lock").exists()
+    assert [r["path"] for r in sb.record()["refused"]] == [*map(str, leaks), str(home_cache / "x")]
+    assert procs.SPANS[-1].confined and procs.SPANS[-1].program == os.path.basename(sys.executable)
+
+
+def test_the_gpu_nodes_are_bound_into_the_sandbox_where_they_exist(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"):
+        (tmp_path / name).write_text("")
+    monkeypatch.setattr(sandbox, "GPU_DEVICES", (str(tmp_path / "nvidiactl"), str(tmp_path / "nvidia[0-9]*"),
+                                                 str(tmp_path / "nvidia-uvm"), str(tmp_path / "nvidia-modeset")))
+    devices = sandbox.gpu_devices()
+    assert devices == tuple(str(tmp_path / n) for n in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"))
+    args = sandbox.prefix("/usr/bin/bwrap", ("/r", "/locks"), devices)
+    assert args[:10] == ("/usr/bin/bwrap", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
+                         "/proc", "--bind") and args[-1] == "--"
+    assert " ".join(args).count("--dev-bind-try") == 4 and "--bind-try /locks /locks" in " ".join(args)
+
+
+def test_realize_required_exits_3_where_no_sandbox_can_be_had_and_auto_says_why_in_the_receipt(
+        tmp_path: Path, index: LoopbackIndex) -> None:
+    from tests.support.cli import Hermetic, hermetic_env
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a))
+    env = hermetic_env(tmp_path / "home", extra={"PIP_INDEX_URL": index.simple_url,
+                                                  "HERMETIC_BWRAP": str(tmp_path / "no-bwrap")})
+    h = Hermetic(tmp_path / "root", env)
+    r = h("realize", recipe, "--sandbox", "required")
+    assert r.rc == 3, r.err
+    assert "error: --sandbox: sandbox = required, and no sandbox can be had here: HERMETIC_BWRAP names" in r.err
+    assert "hint: install bubblewrap" in r.err and "Traceback" not in r.err
+    r = h("realize", recipe, "--json")
+    assert r.rc == 0, r.err
+    receipt = json.loads(Path(r.result["receipt"]).read_text())
+    assert receipt["sandbox"]["used"] is False and "HERMETIC_BWRAP names" in receipt["sandbox"]["why_not"]
+    assert any(rec.get("event") == "sandbox" for rec in r.records)
