@@ -22,7 +22,7 @@ from tests.support.cli import Hermetic, hermetic_env
 from tests.support.clients import isolated_env, run
 from tests.support.index import LoopbackIndex, serve_index
 from tests.support.recipes import pip_lock_line, write_recipe
-from tests.support.tls import Pki, make_pki
+from tests.support.tls import Pki, connect_proxy, make_pki
 from tests.support.wheels import BuiltWheel, build_wheel
 
 # requests adds these bundles to whatever else is trusted (and alone under legacy-certs): not in these tests
@@ -118,13 +118,28 @@ def test_trusted_host_skips_verification_there_only(tmp_path: Path, wheel: Built
     for var in _BUNDLE_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    cfg = dict(index_url=https_index.simple_url, retries=0, timeout=5.0)
-    _fetch(PipConfig(**cfg, trusted_hosts=("127.0.0.1",)), tmp_path, wheel)  # type: ignore[arg-type]
-    port = https_index.url.rsplit(":", 1)[1]
-    _fetch(PipConfig(**cfg, trusted_hosts=(f"127.0.0.1:{port}",)), tmp_path, wheel)  # type: ignore[arg-type]
+    for trusted in (("127.0.0.1",), (f"127.0.0.1:{https_index.url.rsplit(':', 1)[1]}",)):
+        _fetch(PipConfig(https_index.simple_url, trusted_hosts=trusted, retries=0, timeout=5.0), tmp_path, wheel)
     for trusted in ((), ("localhost",), ("127.0.0.1:1",)):
         with pytest.raises(FetchFailed, match="not trusted"):
-            _fetch(PipConfig(**cfg, trusted_hosts=trusted), tmp_path, wheel)  # type: ignore[arg-type]
+            _fetch(PipConfig(https_index.simple_url, trusted_hosts=trusted, retries=0, timeout=5.0), tmp_path,
+                   wheel)
+
+
+def test_a_proxied_connection_trusts_the_system_store_too(tmp_path: Path, wheel: BuiltWheel,
+                                                          https_index: LoopbackIndex, pki: Pki,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy manager replaces requests' pool manager: the truststore context must reach it too (pip 13288)
+    for var, value in system_store(tmp_path, pki.ca).items():
+        monkeypatch.setenv(var, value)
+    for var in _BUNDLE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    with connect_proxy() as (proxy, tunnels):
+        _fetch(PipConfig(https_index.simple_url, proxy=proxy, retries=0, timeout=5.0), tmp_path, wheel)
+        assert tunnels and set(tunnels) == {https_index.url.removeprefix("https://")}
+        with pytest.raises(FetchFailed, match="legacy-certs"):
+            _fetch(PipConfig(https_index.simple_url, proxy=proxy, retries=0, timeout=5.0,
+                             use_deprecated=("legacy-certs",)), tmp_path, wheel)
 
 
 def test_pip_agrees(client_venv: Path, tmp_path: Path, wheel: BuiltWheel, pki: Pki,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import ssl
+from types import ModuleType
 from typing import Any
 
 import requests
@@ -26,14 +27,21 @@ from hermetic.fetch.pipconfig import PipConfig
 def truststore_context() -> ssl.SSLContext | None:
     """The system store with certifi's roots beside it; None where truststore cannot be imported (pip then
     warns and verifies with certifi alone, and so does hermetic)."""
-    try:
-        import truststore
-    except ImportError:
+    truststore = _truststore()
+    if truststore is None:
         return None
     import certifi
     ctx = truststore.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.load_verify_locations(certifi.where())
     return ctx
+
+
+def _truststore() -> ModuleType | None:
+    try:
+        import truststore
+    except ImportError:
+        return None
+    return truststore
 
 
 class TrustAdapter(HTTPAdapter):
@@ -80,14 +88,6 @@ def description(config: PipConfig) -> str:
     bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or config.cert
     if config.legacy_certs:
         return f"{bundle or 'certifi'} alone (pip's use-deprecated = legacy-certs is set)"
-    if truststore_missing():
+    if _truststore() is None:
         return f"{bundle or 'certifi'} alone (truststore, for the system store, cannot be imported)"
     return "the system's certificate store and certifi" + (f" and {bundle}" if bundle else "")
-
-
-def truststore_missing() -> bool:
-    try:
-        import truststore  # noqa: F401
-    except ImportError:
-        return True
-    return False

@@ -1,4 +1,5 @@
-"""A certificate authority of the test's own and a server certificate it signed, for an HTTPS loopback index.
+"""A certificate authority of the test's own and a server certificate it signed, for an HTTPS loopback index;
+and a CONNECT proxy on loopback, to reach that index through.
 
 Made with the ``cryptography`` package where it is installed, else with the ``openssl`` command; the server
 certificate names 127.0.0.1 and localhost. Nothing outside the folder given is touched.
@@ -7,7 +8,13 @@ certificate names 127.0.0.1 and localhost. Nothing outside the folder given is t
 from __future__ import annotations
 
 import datetime as dt
+import select
+import socket
+import socketserver
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,3 +95,44 @@ def _with_openssl(pki: Pki) -> None:
             "-keyout", pki.key, "-out", csr, "-subj", "/CN=127.0.0.1")
     openssl("x509", "-req", "-in", csr, "-CA", pki.ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
             "-extfile", ext, "-out", pki.cert)
+
+
+@contextmanager
+def connect_proxy() -> Iterator[tuple[str, list[str]]]:
+    """An HTTP proxy on 127.0.0.1 that tunnels CONNECT requests (and refuses anything else): its URL, and
+    the ``host:port`` of every tunnel it opened."""
+    tunnels: list[str] = []
+
+    class Tunnel(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            request = self.rfile.readline().decode("latin-1").split()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            if len(request) < 2 or request[0] != "CONNECT":
+                self.wfile.write(b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+                return
+            host, port = request[1].rsplit(":", 1)
+            tunnels.append(request[1])
+            with socket.create_connection((host, int(port)), timeout=10) as upstream:
+                self.wfile.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                self.wfile.flush()
+                ends = [self.connection, upstream]
+                while True:
+                    ready, _, _ = select.select(ends, [], [], 10)
+                    if not ready:
+                        return
+                    for end in ready:
+                        data = end.recv(65536)
+                        if not data:
+                            return
+                        (upstream if end is self.connection else self.connection).sendall(data)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Tunnel)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", tunnels
+    finally:
+        server.shutdown()
+        server.server_close()
