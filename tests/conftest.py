@@ -14,6 +14,7 @@ import pytest
 
 from tests.support import cli
 from tests.support.cli import REPO, Hermetic, hermetic_env
+from tests.support.clients import make_client_venv
 from tests.support.index import LoopbackIndex, serve_index
 
 
@@ -52,3 +53,9 @@ def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("shared") / "root"
     cli.run(root, "realize", REPO / "recipes" / "toolchain.toml", env=hermetic_env(pip="machine"), check=True)
     return root
+
+
+@pytest.fixture(scope="session")
+def client_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding the real clients, pip>=25.1 and uv (tests/support/clients.py)."""
+    return make_client_venv(tmp_path_factory.mktemp("clients"))

@@ -101,6 +101,20 @@ def test_env_var_replaces_the_file_option(tmp_path: Path) -> None:
     assert cfg.timeout == 3.0  # an empty value is ignored, as pip does
 
 
+def test_use_deprecated_legacy_certs(tmp_path: Path) -> None:
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nuse-deprecated = legacy-resolver\n[install]\nuse-deprecated = legacy-certs\n")
+    from_file = load_pip_config(base_env(tmp_path, PIP_CONFIG_FILE=str(conf)))
+    assert from_file.use_deprecated == ("legacy-certs",) and from_file.legacy_certs
+    both = load_pip_config(base_env(tmp_path, PIP_CONFIG_FILE=os.devnull,
+                                    PIP_USE_DEPRECATED="legacy-resolver legacy-certs"))
+    assert both.use_deprecated == ("legacy-resolver", "legacy-certs") and both.legacy_certs
+    # the variable replaces the file's list, as for every pip option
+    replaced = load_pip_config(base_env(tmp_path, PIP_CONFIG_FILE=str(conf), PIP_USE_DEPRECATED="legacy-resolver"))
+    assert not replaced.legacy_certs
+    assert not load_pip_config(base_env(tmp_path, PIP_CONFIG_FILE=os.devnull)).legacy_certs
+
+
 def test_user_pip_conf_is_read(tmp_path: Path) -> None:
     env = base_env(tmp_path)
     user_conf = tmp_path / "home" / ".config" / "pip" / "pip.conf"

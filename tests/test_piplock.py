@@ -77,12 +77,46 @@ def test_crlf_and_bom(tmp_path: Path) -> None:
     assert [(w.name, w.hashes, w.where) for w in lock.wheels] == [("foo", (H1,), f"{path}:2")]
 
 
+def test_trailing_comment_ending_in_a_backslash_swallows_the_next_line(tmp_path: Path) -> None:
+    # pip joins lines before it strips comments: bar becomes part of foo's comment, and is not installed
+    lock = read(tmp_path, f"""
+        foo==1.0 --hash=sha256:{H1}  # pinned until 1.1 is out \\
+        bar==2.0 --hash=sha256:{H2}
+        baz==3.0 \\
+            --hash=sha256:{H3}  # via foo \\
+        # a comment line ends the continuation whatever it ends with \\
+        qux==4.0 --hash=sha256:{H1}
+        """)
+    assert [(w.name, w.where.rsplit(":", 1)[1]) for w in lock.wheels] == [("baz", "3"), ("foo", "1"), ("qux", "6")]
+
+
+PIP_SPELLINGS = [
+    "a==1 # note \\\nb==2\nc==3\n",
+    "a==1 \\\n  --hash=sha256:x \\\n  # via b \\\nc==3\n",
+    "  # indented comment \\\na==1\n",
+    "a==1#not-a-comment \\\nb==2\n",
+    "\\\\a==1 \\\\\nb==2 \\",
+    "a==1 \\\n\nb==2\n",
+    "a==1 \\\r\n  --hash=sha256:x\r\n# c\r\n",
+    "a==1\t# tab before the hash \\\nb==2\n\n\n# end \\\n",
+]
+
+
+@pytest.mark.parametrize("text", PIP_SPELLINGS)
+def test_lines_are_the_ones_pip_reads(text: str) -> None:
+    from pip._internal.req.req_file import preprocess
+
+    from hermetic.locks.piplock import requirement_lines
+    assert list(requirement_lines(text)) == list(preprocess(text))
+
+
 # --- pip hash locks: rejected ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("line, words", [
     ("foo>=1.0", "not pinned"), ("foo", "not pinned"), ("foo==1.*", "not pinned"),
     ("foo==1.0,<2", "not pinned"), ("foo==1.0 bar", "cannot parse requirement"),
     ("foo==1.0 ; bogus_var == 'x'", "Expected a marker variable"),
+    ("foo==1.0 ; python_version ~= '3'", "cannot evaluate marker"),
 ])
 def test_bad_requirements(tmp_path: Path, line: str, words: str) -> None:
     err = fails(tmp_path, f"# header\n{line} --hash=sha256:{H1}\n")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.tags import Tag
 
 from hermetic.locks.types import LockedWheel
-from tests.support.locks import H1, H2, H3, T1, T2, T3, WIN_ENV, WIN_TAGS, fails, line_of, read
+from tests.support.locks import H1, H2, H3, T1, T2, T3, TAGS, WIN_ENV, WIN_TAGS, fails, line_of, read
 
 # --- pylock.toml: accepted -------------------------------------------------------------------------------
 
@@ -80,7 +81,7 @@ def test_pylock_full_featured(tmp_path: Path) -> None:
     )
 
 
-def test_pylock_names_and_newer_minor_version(tmp_path: Path) -> None:
+def test_pylock_names_and_newer_minor_version(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     text = f"""
         lock-version = "1.3"
         created-by = "future"
@@ -92,6 +93,7 @@ def test_pylock_names_and_newer_minor_version(tmp_path: Path) -> None:
     lock = read(tmp_path, text, name="pylock.dev.toml")
     assert [w.version for w in lock.wheels] == ["1"]
     assert len(lock.warnings) == 2 and "new-top-key" in lock.warnings[0] and "mirror" in lock.warnings[1]
+    assert caplog.records == []  # not packaging's own "minor version 1.3 is not supported" on stderr too
     empty = read(tmp_path, 'lock-version = "1.0"\ncreated-by = "x"\npackages = []\n', name="pylock.toml")
     assert empty.wheels == ()
 
@@ -120,9 +122,27 @@ def test_pylock_best_tag_wins_and_markers_pick_platform(tmp_path: Path) -> None:
     assert win.wheels[0].filename == "g-3.0-cp311-cp311-win_amd64.whl"
 
 
+def test_pylock_torch_style_local_version_urls(tmp_path: Path) -> None:
+    # packaging 26.2 read the file name from such a URL without decoding %2B, and refused the lock
+    url = "https://download.pytorch.org/whl/cu130/torch-2.14.1%2Bcu130-cp311-cp311-manylinux_2_28_x86_64.whl"
+    text = f"""
+        lock-version = "1.0"
+        created-by = "x"
+        [[packages]]
+        name = "torch"
+        version = "2.14.1+cu130"
+        wheels = [{{ url = "{url}", hashes = {T1} }}]
+        """
+    tags = [Tag("cp311", "cp311", "manylinux_2_28_x86_64"), *TAGS]
+    (wheel,) = read(tmp_path, text, name="pylock.toml", tags=tags).wheels
+    assert (wheel.filename, wheel.version, wheel.url) == (
+        "torch-2.14.1+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "2.14.1+cu130", url)
+
+
 # --- pylock.toml: rejected -------------------------------------------------------------------------------
 
 HEAD = 'lock-version = "1.0"\ncreated-by = "t"\n'
+ONE_WHEEL = f'wheels = [{{ url = "https://x/a-1.0-py3-none-any.whl", hashes = {T1} }}]\n'
 WHEEL = f'url = "https://x/a-1.0-py3-none-any.whl"\nhashes = {{ sha256 = "{H1}" }}\n'
 
 
@@ -139,6 +159,7 @@ WHEEL = f'url = "https://x/a-1.0-py3-none-any.whl"\nhashes = {{ sha256 = "{H1}" 
     (HEAD + 'requires-python = "3.12"\npackages = []\n', 3, "invalid requires-python"),
     (HEAD + "environments = [\"sys_platform ==\"]\npackages = []\n", 3, "invalid environment marker"),
     (HEAD + "packages = []\n[tool]\nx = 1\n[extra]\ny = 2\n", 6, "unknown key 'extra'"),
+    (HEAD + 'extras = ["Cli"]\npackages = []\n', 3, "'Cli' is not normalized"),
 ])
 def test_pylock_top_level_errors(tmp_path: Path, body: str, line: int | None, words: str) -> None:
     err = fails(tmp_path, body, name="pylock.toml")
@@ -152,7 +173,8 @@ def test_pylock_top_level_errors(tmp_path: Path, body: str, line: int | None, wo
     ('name = "a"\nversion = "1.0"\n', 3, "exactly one source, found none"),
     ('name = "a"\nflavour = "x"\n', 5, "unknown key 'flavour'"),
     ('name = "a"\nversion = "not a version"\n', 5, "invalid version"),
-    ('name = "a"\nrequires-python = "<3"\nwheels = []\n', 5, "requires Python <3"),
+    # a lock with no mistake but this one (an empty wheels list is itself one, found before any selection)
+    ('name = "a"\nrequires-python = "<3"\n' + ONE_WHEEL, 5, "requires Python <3"),
     ('name = "a"\nvcs = { type = "git", url = "u", commit-id = "c" }\n', 5, "hermetic installs wheels only"),
     ('name = "a"\ndirectory = { path = "." }\n', 5, "locked as a source directory"),
     ('name = "a"\narchive = { url = "https://x/a.zip", hashes = { sha256 = "0" } }\n', 5, "as an archive"),
@@ -162,6 +184,11 @@ def test_pylock_top_level_errors(tmp_path: Path, body: str, line: int | None, wo
     ('name = "a"\nattestation-identities = [{ repository = "x" }]\nwheels = []\n', 5, "'kind'"),
     ('name = "a"\ndependencies = { b = 1 }\nwheels = []\n', 5, "must be an array, found a table"),
     ('name = "a"\nmarker = "python_version >>> \'3\'"\nwheels = []\n', 5, "invalid environment marker"),
+    # what packaging's PEP 751 reader finds beyond hermetic's checks, at the line of the key it names, even in
+    # a package this interpreter would not install
+    ('name = "a"\nmarker = "sys_platform == \'win32\'"\nvcs = { type = "git", url = "u" }\n', 6,
+     "not a valid PEP 751 lock: Missing required value"),
+    ('name = "a"\nmarker = "python_version ~= \'3\'"\n' + ONE_WHEEL, 5, "cannot evaluate marker"),
 ])
 def test_pylock_package_errors(tmp_path: Path, package: str, line: int, words: str) -> None:
     err = fails(tmp_path, HEAD + "[[packages]]\n" + package, name="pylock.toml")

@@ -7,8 +7,6 @@ cache and temp directory inside tmp_path, so the test leaves nothing behind and 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -21,54 +19,11 @@ from packaging.tags import compatible_tags, cpython_tags
 
 from hermetic.locks.read import read_lock
 from hermetic.locks.types import Lock
+from tests.support.clients import isolated_env, run
 from tests.support.index import LoopbackIndex, serve_index
 from tests.support.wheels import BuiltWheel, build_wheel
 
-# What pip prints when the package index cannot be reached (as opposed to a real install failure).
-_NO_NETWORK = re.compile(r"Failed to establish a new connection|Temporary failure in name resolution|"
-                         r"Name or service not known|Network is unreachable|No route to host|"
-                         r"Max retries exceeded|ConnectTimeoutError|ReadTimeoutError|ProxyError|"
-                         r"Could not fetch URL|NewConnectionError|connection broken", re.I)
 PY = f"{sys.version_info.major}{sys.version_info.minor}"
-
-
-def _isolated_env(root: Path) -> dict[str, str]:
-    """The caller's environment minus pip/uv settings, with every writable home inside ``root``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    for name in ("home", "cache", "config", "data", "state", "tmp", "uv-cache", "pip-cache"):
-        (root / name).mkdir(parents=True, exist_ok=True)
-    env.update(HOME=str(root / "home"), XDG_CACHE_HOME=str(root / "cache"),
-               XDG_CONFIG_HOME=str(root / "config"), XDG_DATA_HOME=str(root / "data"),
-               XDG_STATE_HOME=str(root / "state"), TMPDIR=str(root / "tmp"),
-               UV_CACHE_DIR=str(root / "uv-cache"), PIP_CACHE_DIR=str(root / "pip-cache"))
-    return env
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding uv and pip>=25.1 (pip lock); skipped only when the package index is unreachable."""
-    root = tmp_path_factory.mktemp("clients")
-    venv_dir = root / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv_dir)], check=True, timeout=300)
-    # This install alone uses the machine's pip configuration (it is how the index is reached); only the
-    # config locations are kept from the real environment, everything written stays under root.
-    env = {**os.environ, **_isolated_env(root / "install")}
-    env["XDG_CONFIG_HOME"] = os.environ.get("XDG_CONFIG_HOME", str(Path.home() / ".config"))
-    if "PIP_CONFIG_FILE" not in env and (Path.home() / ".pip/pip.conf").is_file():
-        env["PIP_CONFIG_FILE"] = str(Path.home() / ".pip/pip.conf")  # pip's legacy per-user file
-    done = _run([str(venv_dir / "bin/python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                 "pip>=25.1", "uv"], env, timeout=600)
-    if done.returncode != 0:
-        output = done.stdout + done.stderr
-        if _NO_NETWORK.search(output):
-            print(f"pip could not reach the package index:\n{output}")
-            pytest.skip("no network: cannot install uv and pip>=25.1 (see captured output)")
-        pytest.fail(f"installing uv and pip>=25.1 failed:\n{output}")
-    return venv_dir
 
 
 Served = tuple[LoopbackIndex, dict[str, BuiltWheel]]
@@ -122,14 +77,14 @@ def test_index_answers_head(index: Served) -> None:
     assert idx.state.head_requests == [wheel, "/simple/beta/", wheel, wheel] and idx.state.requests == []
 
 
-def test_uv_pip_compile_pylock(venv: Path, index: Served, tmp_path: Path) -> None:
+def test_uv_pip_compile_pylock(client_venv: Path, index: Served, tmp_path: Path) -> None:
     idx, wheels = index
-    env = {**_isolated_env(tmp_path / "uv-run"), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"}
+    env = {**isolated_env(tmp_path / "uv-run"), "UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never"}
     (tmp_path / "requirements.in").write_text("alpha-pkg\n")
     out = tmp_path / "uv" / "pylock.toml"
-    done = _run([str(venv / "bin/uv"), "pip", "compile", "--quiet", "--format", "pylock.toml", "--universal",
-                 "--index-url", idx.simple_url, "--no-cache", "--python", str(venv / "bin/python"),
-                 "-o", str(out), str(tmp_path / "requirements.in")], env)
+    done = run([str(client_venv / "bin/uv"), "pip", "compile", "--quiet", "--format", "pylock.toml",
+                "--universal", "--index-url", idx.simple_url, "--no-cache", "--python",
+                str(client_venv / "bin/python"), "-o", str(out), str(tmp_path / "requirements.in")], env)
     assert done.returncode == 0, done.stdout + done.stderr
     print(out.read_text())
     assert 'created-by = "uv"' in out.read_text()
@@ -147,13 +102,14 @@ def test_uv_pip_compile_pylock(venv: Path, index: Served, tmp_path: Path) -> Non
     _check(windows, idx, [wheels["alpha"], wheels["beta2"], wheels["gamma-win"]])
 
 
-def test_pip_lock_pylock(venv: Path, index: Served, tmp_path: Path) -> None:
+def test_pip_lock_pylock(client_venv: Path, index: Served, tmp_path: Path) -> None:
     idx, wheels = index
-    env = {**_isolated_env(tmp_path / "pip-run"), "PIP_CONFIG_FILE": os.devnull}
+    env = {**isolated_env(tmp_path / "pip-run"), "PIP_CONFIG_FILE": os.devnull}
     out = tmp_path / "pip" / "pylock.toml"
     out.parent.mkdir()  # pip lock -o does not create missing folders (uv does)
-    done = _run([str(venv / "bin/python"), "-m", "pip", "lock", "--isolated", "--disable-pip-version-check",
-                 "--no-cache-dir", "--index-url", idx.simple_url, "-o", str(out), "alpha-pkg"], env)
+    done = run([str(client_venv / "bin/python"), "-m", "pip", "lock", "--isolated",
+                "--disable-pip-version-check", "--no-cache-dir", "--index-url", idx.simple_url, "-o", str(out),
+                "alpha-pkg"], env)
     assert done.returncode == 0, done.stdout + done.stderr
     print(out.read_text())
     assert 'created-by = "pip"' in out.read_text()

@@ -39,6 +39,7 @@ _OPTIONS: dict[str, tuple[str, str]] = {
     "timeout": ("timeout", "float"),
     "default-timeout": ("timeout", "float"),
     "retries": ("retries", "int"),
+    "use-deprecated": ("use_deprecated", "list"),  # legacy-certs: certifi alone, not the system store
 }
 
 _ENV_LOCK = threading.Lock()
@@ -57,6 +58,12 @@ class PipConfig:
     proxy: str | None = None
     timeout: float = 15.0
     retries: int = 5
+    use_deprecated: tuple[str, ...] = ()  # pip's --use-deprecated features
+
+    @property
+    def legacy_certs(self) -> bool:
+        """pip's ``--use-deprecated=legacy-certs``: trust certifi (or ``cert``) alone, not the system store."""
+        return "legacy-certs" in self.use_deprecated
 
     @property
     def index_urls(self) -> tuple[str, ...]:

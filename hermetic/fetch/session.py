@@ -87,8 +87,7 @@ def http_get(session: requests.Session, url: str, config: PipConfig, *, stream: 
                 warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
             resp = session.get(url, headers=headers, stream=stream, timeout=config.timeout, verify=verify)
     except requests.exceptions.SSLError as e:
-        raise UnavailableError(f"TLS error ({describe_error(e)}); check PIP_CERT or cert in pip.conf") \
-            from None
+        raise UnavailableError(tls_failure(url, config, e)) from None
     except transient_errors() as e:
         raise TransientError(describe_error(e)) from None
     except requests.RequestException as e:
@@ -97,6 +96,21 @@ def http_get(session: requests.Session, url: str, config: PipConfig, *, stream: 
         resp.close()
         raise TransientError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
     return resp
+
+
+def tls_failure(url: str, config: PipConfig, e: BaseException) -> str:
+    """The host and OpenSSL's reason; for a certificate not trusted, what it was checked against."""
+    from hermetic.fetch.trust import description
+    parts = urlsplit(url)
+    host = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+    text = redact_text(str(e))
+    m = re.search(r"certificate verify failed: [^(')\]]+", text) or re.search(r"\[SSL: \w+\] [^(')\]]+", text)
+    reason = m.group(0).strip() if m else describe_error(e)
+    if "certificate verify failed" not in text:
+        return f"TLS connection to {host} failed ({reason})"
+    return (f"TLS: the certificate of {host} is not trusted ({reason}); it was checked against "
+            f"{description(config)}: add the index's CA to the system store, or name it in PIP_CERT or cert "
+            "in pip.conf")
 
 
 def verify_for(url: str, config: PipConfig) -> bool | None:
@@ -118,9 +132,12 @@ def _version() -> str:
 def make_session(config: PipConfig) -> requests.Session:
     """One session for every request: connection reuse, and pip's certificate and proxy settings."""
     import requests
+
+    from hermetic.fetch import trust
     session = requests.Session()
     session.headers["User-Agent"] = f"hermetic/{_version()}"
     session.verify = config.cert or True
+    trust.mount(session, config)
     if config.client_cert:
         session.cert = config.client_cert
     if config.proxy:

@@ -35,22 +35,36 @@ _COMMENT = re.compile(r"(^|\s+)#.*$")
 
 
 def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
-    """Join backslash continuations as pip does (a comment line ends one); yield the first line's number."""
+    """pip's req_file.join_lines, yielding the first line's number: a line ending in a backslash goes on in the
+    next one unless it is a comment line (its first non-blank character a #). Comments are stripped only
+    after joining, so a trailing comment ending in a backslash swallows the next line, as in pip."""
     pending: list[str] = []
     first = 0
     # Not str.splitlines: it also splits at \x0b, \x0c and \x1c-\x1e, which must be reported, not obeyed.
     for number, line in enumerate(text.removesuffix("\n").split("\n"), 1):
         line = line.removesuffix("\r")
-        if line.endswith("\\") and not _COMMENT.search(line):
-            first = first if pending else number
-            pending.append(line[:-1])
-        elif pending:
-            yield first, "".join(pending) + (" " + line if _COMMENT.match(line) else line)
-            pending = []
+        if not line.endswith("\\") or _COMMENT.match(line):
+            if _COMMENT.match(line):
+                line = " " + line  # so that stripping comments finds it inside a joined line
+            if pending:
+                yield first, "".join([*pending, line])
+                pending = []
+            else:
+                yield number, line
         else:
-            yield number, line
+            first = first if pending else number
+            pending.append(line.strip("\\"))  # pip strips every backslash at either end
     if pending:
         yield first, "".join(pending)
+
+
+def requirement_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The lines pip reads from a requirements file, numbered (pip's req_file.preprocess: join_lines, then
+    ignore_comments; hermetic expands no ${VARIABLES}, so that the lock means one thing everywhere)."""
+    for number, line in _logical_lines(text):
+        line = _COMMENT.sub("", line).strip()
+        if line:
+            yield number, line
 
 
 _OPTION_ERRORS = [  # (options, why they cannot be in a lock, what to do)
@@ -151,10 +165,10 @@ def read_pip_hash(path: Path, raw: bytes, env: dict[str, Any], tags: list[Tag]) 
     text = decode_utf8(path, raw, "lock", bom=True)
     base = path.absolute().parent
     seen: dict[str, LockedWheel] = {}
-    for number, physical in _logical_lines(text):
+    for number, text_line in requirement_lines(text):
         where = f"{path}:{number}"
-        line = no_control(_COMMENT.sub("", physical).strip(), "line", where)
-        if not line or line.split()[0] == "--require-hashes":
+        line = no_control(text_line, "line", where)
+        if line.split()[0] == "--require-hashes":
             continue  # hermetic always requires hashes, so that line only restates it
         if line.startswith("-"):
             raise _option_error(line.split()[0].split("=", 1)[0], where)

@@ -2,7 +2,8 @@
 
 Pure functions: no network, no file but the lock itself. Markers and wheel tags are evaluated here for the
 interpreter described by ``environment`` and ``tags``, so that callers see exactly the files to install.
-The records are in ``lockrecords``, the formats in ``piplock`` and ``pylock``; this module picks the format.
+The records are in ``types``, the formats in ``piplock`` and ``pylock`` (built on ``packaging.pylock``); this
+module picks the format.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from packaging.markers import InvalidMarker, Marker
+from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
@@ -36,15 +36,19 @@ def no_control(text: str, what: str, where: str) -> str:
     return text
 
 
-def eval_marker(text: str, env: dict[str, Any], where: str, *, lock_file: bool = False) -> bool:
+def parse_marker(text: str, where: str) -> Marker:
     try:
-        marker = Marker(text)
+        return Marker(text)
     except InvalidMarker as e:
         raise BadInput(f"invalid environment marker {text!r}: {e}", where=where,
                        hint="write a PEP 508 marker, e.g. sys_platform == 'linux'") from None
+
+
+def eval_marker(text: str, env: dict[str, Any], where: str) -> bool:
+    marker = parse_marker(text, where)
     try:
-        return marker.evaluate(env, "lock_file") if lock_file else marker.evaluate(env)
-    except ValueError as e:  # an unknown variable, or an ordering comparison of non-versions
+        return marker.evaluate(env)
+    except (UndefinedComparison, UndefinedEnvironmentName) as e:  # a missing variable, an undefined comparison
         raise BadInput(f"cannot evaluate marker {text!r}: {e}", where=where,
                        hint="use PEP 508 marker variables; compare versions only with versions") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import html
 import json
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from tests.support.tls import Pki
 
 
 @dataclass
@@ -120,14 +123,22 @@ class LoopbackIndex:
 
 
 @contextmanager
-def serve_index(*wheels: Path) -> Iterator[LoopbackIndex]:
-    """Serve the given wheel files as a simple index on 127.0.0.1 (a random free port)."""
+def serve_index(*wheels: Path, tls: Pki | None = None) -> Iterator[LoopbackIndex]:
+    """Serve the given wheel files as a simple index on 127.0.0.1 (a random free port); over HTTPS with the
+    server certificate of ``tls`` when given."""
     state = IndexState()
     handler = type("Handler", (_Handler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(tls.cert, tls.key)
+        # the handshake waits for the first read, in the request's own thread, not in accept()
+        server.socket = ctx.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
+        server.handle_error = lambda *_: None  # type: ignore[method-assign]  # a client that refused us
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    index = LoopbackIndex(f"http://127.0.0.1:{server.server_address[1]}", state)
+    scheme = "https" if tls is not None else "http"
+    index = LoopbackIndex(f"{scheme}://127.0.0.1:{server.server_address[1]}", state)
     index.add(*wheels)
     try:
         yield index
