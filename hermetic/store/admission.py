@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hermetic.keys import lookup_key, object_key, split_defines, unpacked_key
+from hermetic.keys import UNPACKER_VERSION, lookup_key, object_key, split_defines, unpacked_key
 from hermetic.store import KINDS, STORE_FORMAT, entry_name
 from hermetic.store.trees import check_link_target, check_relpath, tree_entry_name
 
@@ -47,7 +47,8 @@ def record_problem(meta: Any, name: str) -> str | None:
         if not (isinstance(wheel, str) and SHA256_RE.match(wheel)):
             return "malformed wheel hash"
         if entry_name(unpacked_key(wheel), name[33:]) != name:
-            return "its name is not the key of its wheel"
+            return (f"its name is not the key of its wheel under this hermetic's unpacker (v{UNPACKER_VERSION}): "
+                    "an archive of another hermetic version, or a damaged one")
     elif kind == "tree":
         return _tree_problem(meta, name)
     elif kind == "object":
