@@ -36,9 +36,9 @@ VALUE_OPTS = frozenset({
 UNPACKER_VERSION = 3
 
 
-def unpacked_key(wheel_sha256: str) -> str:
+def unpacked_key(wheel_sha256: str, version: int = UNPACKER_VERSION) -> str:
     """The key of a wheel's unpacked entry: the unpacker's version and the wheel's sha256 (docs/layout.md)."""
-    return sha256_bytes(f"unpacked-v{UNPACKER_VERSION}\0{wheel_sha256}".encode())
+    return sha256_bytes(f"unpacked-v{version}\0{wheel_sha256}".encode())
 
 
 def split_defines(argv: Sequence[str]) -> tuple[list[str], dict[str, str | None]]:

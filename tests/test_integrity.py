@@ -242,3 +242,24 @@ def test_a_realize_returns_its_own_receipt_and_a_noop_the_one_its_record_names(t
     noop = hermetic("realize", recipe, "--json", check=True).result
     assert noop["timings"] == {} and noop["receipt"] == past["receipt"]
     assert sorted(os.listdir(hermetic.root / "receipts")) == receipts  # a no-op writes none
+
+
+def test_an_earlier_unpackers_entry_is_admitted_under_its_own_key_only() -> None:
+    """A root realized before an unpacker upgrade holds trees that name the earlier unpacker's entries (trees are
+    keyed by their files, so the upgrade reuses them): its export must import. An entry under the key of an
+    earlier unpacker is admitted; one under no unpacker's key is not (before the fix the first was refused,
+    and a real toolchain archive of such a root failed to import on the H200, 2026-12-02)."""
+    from hermetic.keys import UNPACKER_VERSION, unpacked_key
+    from hermetic.store import entry_name
+    from hermetic.store.admission import record_problem
+    wheel = hashlib.sha256(b"a wheel").hexdigest()
+
+    def meta(name: str) -> dict[str, Any]:
+        return {"format": STORE_FORMAT, "kind": "unpacked", "name": name, "refs": [], "wheel": wheel,
+                "files": {"pkg/__init__.py": [hashlib.sha256(b"").hexdigest(), False]}}
+
+    for v in range(1, UNPACKER_VERSION + 1):
+        name = entry_name(unpacked_key(wheel, v), "pkg")
+        assert record_problem(meta(name), name) is None, v
+    stranger = entry_name(unpacked_key(wheel, UNPACKER_VERSION + 1), "pkg")
+    assert "not the key of its wheel" in (record_problem(meta(stranger), stranger) or "")

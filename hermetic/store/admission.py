@@ -46,9 +46,11 @@ def record_problem(meta: Any, name: str) -> str | None:
         wheel = meta.get("wheel")
         if not (isinstance(wheel, str) and SHA256_RE.match(wheel)):
             return "malformed wheel hash"
-        if entry_name(unpacked_key(wheel), name[33:]) != name:
-            return (f"its name is not the key of its wheel under this hermetic's unpacker (v{UNPACKER_VERSION}): "
-                    "an archive of another hermetic version, or a damaged one")
+        # an earlier unpacker's entry is still bound to its wheel: a tree laid out from it before an upgrade
+        # keeps naming it (trees are keyed by their files), and no lookup of this unpacker finds it
+        if all(entry_name(unpacked_key(wheel, v), name[33:]) != name for v in range(1, UNPACKER_VERSION + 1)):
+            return (f"its name is not the key of its wheel under this hermetic's unpacker (v{UNPACKER_VERSION}) "
+                    "or an earlier one")
     elif kind == "tree":
         return _tree_problem(meta, name)
     elif kind == "object":
