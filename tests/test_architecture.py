@@ -32,7 +32,6 @@ NOOP_HERMETIC = {
     "hermetic", "hermetic.cli", "hermetic.cli.commands", "hermetic.cli.main", "hermetic.cli.parser",
     "hermetic.errors", "hermetic.fs", "hermetic.realize", "hermetic.realize.noop", "hermetic.reporter",
     "hermetic.root", "hermetic.store", "hermetic.urls",
-    "hermetic.keys",   # UNPACKER_VERSION, which a no-op record must match (pure functions over re and fs)
 }
 NOOP_STDLIB = {
     "_ast", "_blake2", "_hashlib", "_json", "_locale", "_opcode", "argparse", "ast", "copy", "dataclasses", "dis",

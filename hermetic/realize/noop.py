@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.keys import UNPACKER_VERSION
 from hermetic.root import Root
 from hermetic.store import Store
 
@@ -73,7 +72,7 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: lis
              "name": outcome.name, "tree": outcome.tree, "entries": outcome.entries, "counts": outcome.counts,
              "profile": os.readlink(outcome.profile), "receipt": str(outcome.receipt) if outcome.receipt else None,
              "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda,
-             "local": hashes, "host": host_files, "unpacker": UNPACKER_VERSION}
+             "local": hashes, "host": host_files}
     cache = root.cache("realize")
     cache.put(_key(recipe_path, variant), value, [recipe, *local, *host_files])
     digest = _content(recipe)
@@ -131,8 +130,6 @@ def noop_counts(counts: dict[str, Any]) -> dict[str, int]:
 
 
 def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | None:
-    if state.get("unpacker") != UNPACKER_VERSION:
-        return None  # laid out from entries another unpacker made: realize again, under this one's keys
     try:
         store = Store(root.store)
         profile = root.profiles / state["name"]
