@@ -35,14 +35,22 @@ out = {"python": platform.python_version(), "executable": sys.executable,
        "implementation": impl.name if impl else platform.python_implementation().lower()}
 if out["implementation"] == "cpython" and LOW <= tuple(sys.version_info[:2]) <= HIGH:
     sys.path.insert(0, sys.argv[1])
-    import sysconfig
+    import os, sysconfig
     from packaging.markers import default_environment
     from packaging.tags import sys_tags
     out["tags"] = [str(t) for t in sys_tags()]
     out["markers"] = dict(default_environment())
-    paths = sysconfig.get_paths()
+    # -S: site did not make a venv's folder the prefix; find it as site.venv() does, and take the scheme a
+    # venv has (sysconfig's "venv" scheme for that prefix), never the base interpreter's site-packages
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    prefix = os.path.dirname(exe_dir)
+    if sys.prefix == sys.base_prefix and any(os.path.isfile(os.path.join(d, "pyvenv.cfg"))
+                                             for d in (exe_dir, prefix)):
+        paths = sysconfig.get_paths("venv", vars={"base": prefix, "platbase": prefix})
+    else:
+        prefix, paths = sys.prefix, sysconfig.get_paths()
     out["scheme"] = dict((k, paths[k]) for k in ("purelib", "platlib", "scripts", "data", "include"))
-    out["prefix"] = sys.prefix
+    out["prefix"] = prefix
 print("hermetic-probe-result: " + json.dumps(out))
 """.replace("LOW", repr(SUPPORTED[0])).replace("HIGH", repr(SUPPORTED[1]))
 

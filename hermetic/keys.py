@@ -31,7 +31,9 @@ VALUE_OPTS = frozenset({
 
 
 # 2: entry points are recorded, not written as launchers (wheels.scripts writes them per interpreter)
-UNPACKER_VERSION = 2
+# 3: a script's #!python line is kept and recorded, rewritten per interpreter in trees (installer, given no
+#    interpreter, wrote a bare "#!" there: such a script did not run); the scripts scheme's files are executable
+UNPACKER_VERSION = 3
 
 
 def unpacked_key(wheel_sha256: str, version: int = UNPACKER_VERSION) -> str:

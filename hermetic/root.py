@@ -53,7 +53,7 @@ CACHES = {c.name: c for c in (
     Cache("locks", 2, "parsed locks per interpreter, while the lock file and the interpreter are unchanged"),
     Cache("interpreters", 4, "host interpreter facts (qualification: torch, triton), while the interpreter, torch and "
                              "triton are unchanged"),
-    Cache("pythons", 1, "a recipe's interpreter: version, tags, markers and scheme (asked with hermetic's own "
+    Cache("pythons", 2, "a recipe's interpreter: version, tags, markers and scheme (asked with hermetic's own "
                         "packaging), while the interpreter and that packaging are unchanged"),
     Cache("tools", 1, "tools' answers (nvcc --version, g++ -dumpfullversion) and their binaries' hashes"),
     Cache("hashes", 1, "content hashes of compile inputs, while each input is unchanged"),

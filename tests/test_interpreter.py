@@ -23,7 +23,7 @@ from hermetic.store.archive import _check_hosts
 from tests.support.cli import REPO, Hermetic
 from tests.support.index import LoopbackIndex
 from tests.support.recipes import pip_lock_line, recipe_toml
-from tests.support.wheels import build_wheel
+from tests.support.wheels import BuiltWheel, build_wheel
 
 ZSTD = "0.25.0"
 PYENV = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
@@ -231,3 +231,127 @@ def test_qualification_records_triton_beside_torch(tmp_path: Path) -> None:
         _check_hosts(lambda: record, {"mod-x": {"host": other}}, tmp_path / "a.tar.zst")
     assert "triton=0.0.1" in info.value.render() and record["triton"] in info.value.render()
     _check_hosts(lambda: record, {"mod-x": {"host": dict(record)}}, tmp_path / "a.tar.zst")
+
+
+# --- the tree's layout and the interpreter's scheme (docs/layout.md#the-environments-layout) ---------------
+_KINDS_PROBE = ("import sys, importlib.metadata as md, allkinds, allkinds_pure, allkinds_plat\n"
+                "files = sorted(str(f) for f in md.files('allkinds') if not str(f).endswith('.pyc'))\n"
+                "print('%d.%d' % sys.version_info[:2], md.version('allkinds'), allkinds_pure.P, allkinds_plat.Q,\n"
+                "      'bin/allkinds-py' in {str(f).replace('../', '') for f in files} or files)\n")
+
+
+def _allkinds(folder: Path) -> BuiltWheel:
+    """A wheel with a file in each of the scheme's kinds: purelib, platlib, data, headers, scripts (a
+    ``#!python`` one and a shell one, neither executable in the zip) and a console_scripts entry point."""
+    data = "allkinds-1.0.data"
+    return build_wheel(folder, "allkinds", "1.0", {
+        "allkinds/__init__.py": "import sys\n\ndef main():\n    print('entry point on %d.%d' % sys.version_info[:2])\n",
+        f"{data}/purelib/allkinds_pure/__init__.py": "P = 'pure'\n",
+        f"{data}/platlib/allkinds_plat/__init__.py": "Q = 'plat'\n",
+        f"{data}/data/share/allkinds/thing.txt": "data\n",
+        f"{data}/headers/allkinds.h": "#define ALLKINDS 1\n",
+        f"{data}/scripts/allkinds-py": "#!python\nimport sys, allkinds_pure\n"
+                                       "print('script on %d.%d' % sys.version_info[:2], allkinds_pure.P)\n",
+        f"{data}/scripts/allkinds-sh": "#!/bin/sh\necho shell script\n"},
+        entry_points="[console_scripts]\nallkinds = allkinds:main\n")
+
+
+def _pip_target(wheel: Path, target: Path) -> list[str]:
+    """What ``pip install --target`` lays out for the wheel (pip's layout for a folder put on PYTHONPATH)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--target", str(target), str(wheel)], check=True, capture_output=True, env=env, timeout=300)
+    return sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+
+
+def test_the_tree_is_pips_target_layout_for_every_interpreter(hermetic: Hermetic, index: LoopbackIndex,
+                                                              tmp_path: Path, py313: Path) -> None:
+    wheel = _allkinds(tmp_path / "wheels")
+    index.add(wheel.path)
+    lock = pip_lock_line(wheel)
+    spaced = tmp_path / "a python" / "python3.13"  # a path a #! line cannot hold: the /bin/sh form
+    spaced.parent.mkdir()
+    spaced.symlink_to(py313)
+    recipes = {"3.11": _recipe(tmp_path / "r", "k311", "k.txt", lock, None),
+               "3.13": _recipe(tmp_path / "r", "k313", "k.txt", lock, py313),
+               "3.13 spaced": _recipe(tmp_path / "r", "k313s", "k.txt", lock, spaced)}
+    trees = {}
+    for label, recipe in recipes.items():
+        minor = label.split()[0]
+        hermetic("realize", recipe, check=True)
+        r = hermetic("env", recipe, "--", "python", "-c", _KINDS_PROBE)
+        assert r.rc == 0 and r.out.split() == [minor, "1.0", "pure", "plat", "True"], (label, r.out, r.err)
+        for script, says in (("allkinds", f"entry point on {minor}"), ("allkinds-py", f"script on {minor} pure"),
+                             ("allkinds-sh", "shell script")):
+            r = hermetic("env", recipe, "--", script)
+            assert r.rc == 0 and r.out.strip() == says, (label, script, r.out, r.err)
+        trees[label] = hermetic.root / "profiles" / recipe.stem
+    # the layout is pip's --target one, whatever the interpreter (headers aside: include/ as the wheel names
+    # them, where pip's --target puts include/python/<dist>/)
+    ours = {label: [f for f in _profile_files(hermetic.root, t.name) if f not in ("bin/python", "bin/python3")]
+            for label, t in trees.items()}
+    pips = [f for f in _pip_target(wheel.path, tmp_path / "target")
+            if not f.endswith(("/REQUESTED", "/direct_url.json"))]
+    assert [f for f in ours["3.11"] if not f.startswith("include/")] == \
+        [f for f in pips if not f.startswith("include/")]
+    assert "include/allkinds.h" in ours["3.11"] and "include/python/allkinds/allkinds.h" in pips
+    assert ours["3.11"] == ours["3.13"] == ours["3.13 spaced"]
+    # the same paths and, but for the launchers, the same blobs: nothing else names an interpreter
+    for f in ours["3.11"]:
+        same = os.stat(trees["3.11"] / f).st_ino == os.stat(trees["3.13"] / f).st_ino
+        assert same == (f not in ("bin/allkinds", "bin/allkinds-py")), f
+    assert (trees["3.13"] / "bin/allkinds-py").read_bytes().startswith(f"#!{py313}\n".encode())
+    assert (trees["3.13 spaced"] / "bin/allkinds-py").read_text().startswith("#!/bin/sh\n'''exec' ")
+    # the unpacked entry keeps the wheel's #!python line: it is for any interpreter
+    entry = next((hermetic.root / "store" / "entries").glob("*-allkinds"))
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["shebangs"] == ["bin/allkinds-py"]
+    digest, executable = meta["files"]["bin/allkinds-py"]
+    blob = hermetic.root / "store" / "blobs" / digest[:2] / (digest + ("x" if executable else ""))
+    assert executable and blob.read_bytes().startswith(b"#!python\n")
+
+
+def test_the_tree_goes_in_front_of_a_venvs_own_site_packages(hermetic: Hermetic, index: LoopbackIndex,
+                                                             tmp_path: Path, py313: Path) -> None:
+    venv = tmp_path / "venv313"
+    subprocess.run([str(py313), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    assert site.is_relative_to(venv)
+    for pkg, text in (("shadowed", "WHO = 'venv'\n"), ("venvonly", "WHO = 'venv'\n")):
+        (site / pkg).mkdir()
+        (site / pkg / "__init__.py").write_text(text)
+    pinned = build_wheel(tmp_path / "wheels", "shadowed", "1.0", {"shadowed/__init__.py": "WHO = 'lock'\n"})
+    index.add(pinned.path)
+    recipe = _recipe(tmp_path / "r", "v313", "v.txt", pip_lock_line(pinned), python)
+    hermetic("realize", recipe, check=True)
+    # the scheme asked of the venv's python is the venv's (asked with -S, where site does not apply the venv)
+    receipt = json.loads(sorted((hermetic.root / "receipts").glob("v313-*.json"))[-1].read_text())
+    assert receipt["interpreter"]["purelib"] == receipt["interpreter"]["platlib"] == str(site)
+    r = hermetic("env", recipe, "--", "python", "-c",
+                 "import sys, os, shadowed, venvonly\n"
+                 "path = [os.path.realpath(p) for p in sys.path]\n"
+                 "tree = os.path.realpath(os.environ['HERMETIC_PROFILE'])\n"
+                 f"print(sys.prefix, shadowed.WHO, venvonly.WHO, path.index(tree) < path.index({str(site)!r}))\n")
+    assert r.rc == 0, r.err
+    assert r.out.split() == [str(venv), "lock", "venv", "True"]
+
+
+def test_a_shebang_record_that_names_no_python_script_is_refused(tmp_path: Path) -> None:
+    """An unpacked record (from an imported archive, say) whose ``shebangs`` name a file that is not one of its
+    #!python scripts is refused at layout, as a bad entry point is; a real one gets the interpreter's line."""
+    from hermetic.errors import BadInput
+    from hermetic.store import Store
+    from hermetic.wheels.scripts import with_shebangs
+    store = Store(tmp_path / "store").open()
+    files = {"bin/tool": (store.put_blob_bytes(b"#!python\nprint(1)\n", executable=True), True),
+             "bin/sh": (store.put_blob_bytes(b"#!/bin/sh\necho\n", executable=True), True),
+             "pkg/x.py": (store.put_blob_bytes(b"#!python\n"), False)}
+    out = with_shebangs(store, "entry", files, ["bin/tool"], "/opt/py/bin/python3.13")
+    assert store.blob_path(*out["bin/tool"]).read_bytes() == b"#!/opt/py/bin/python3.13\nprint(1)\n"
+    assert out["bin/sh"] == files["bin/sh"] and out["pkg/x.py"] == files["pkg/x.py"]
+    for bad in ("bin/sh", "pkg/x.py", "bin/missing"):
+        with pytest.raises(BadInput) as info:
+            with_shebangs(store, "entry", files, [bad], "/opt/py/bin/python3.13")
+        assert bad in info.value.render() and "verify --repair" in info.value.render()

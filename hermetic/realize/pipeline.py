@@ -41,7 +41,7 @@ from hermetic.store import Store, entry_ref, split_refs
 from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
-from hermetic.wheels.scripts import launchers
+from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
@@ -197,9 +197,10 @@ class Realization:
     def materialize(self) -> None:
         self.reporter.event("phase", phase="materializing")
         assert self.python is not None
-        bin_files = launchers(self.store, [(u.entry, s) for u in self.unpacked for s in u.scripts],
-                              self.python.executable)
-        self.files = merge_files([*((u.entry, u.files) for u in self.unpacked),
+        exe = self.python.executable
+        bin_files = launchers(self.store, [(u.entry, s) for u in self.unpacked for s in u.scripts], exe)
+        self.files = merge_files([*((u.entry, with_shebangs(self.store, u.entry, u.files, u.shebangs, exe)
+                                     if u.shebangs else u.files) for u in self.unpacked),
                                   ("the launchers for " + self.python.label, bin_files)])
         links = toolchain_links(self.recipe.toolchain, self.files) if self.recipe.toolchain and not self.builds \
             else {}

@@ -84,6 +84,7 @@ class UnpackedRecord(TypedDict):
     filename: str
     files: FileMap
     scripts: NotRequired[list[EntryPoint]]   # entry points: launchers are written per interpreter, in trees
+    shebangs: NotRequired[list[str]]   # its files of the scripts scheme starting #!python: rewritten in trees
     refs: list[str]
 
 

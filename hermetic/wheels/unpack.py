@@ -1,14 +1,18 @@
 """Unpack a wheel into the store's blobs through the installer library.
 
 installer supplies the scheme mapping, the entry points and its path-traversal guard; the destination
-below writes each file's bytes as a blob instead of a file, and records (path, blob, executable bit). Entry
-points are recorded, not written: a launcher names an interpreter, and an unpacked entry is for any
-interpreter (``wheels.scripts`` writes the launchers when a tree is laid out for one).
+below writes each file's bytes as a blob instead of a file, and records (path, blob, executable bit). What
+would name an interpreter is recorded, not written, so an unpacked entry is for any interpreter: the entry
+points (``wheels.scripts`` writes their launchers when a tree is laid out for one), and which files of the
+scheme's ``scripts`` start with ``#!python`` (kept as the wheel has them; ``wheels.scripts`` writes the
+interpreter's shebang over that line in the tree, as installer would have done with an interpreter).
+Files of ``scripts`` are executable, as pip makes them.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -25,7 +29,7 @@ from hermetic.errors import BadInput
 from hermetic.store import STORE_FORMAT, Staging, blob_ref
 from hermetic.store.records import EntryPoint, FileMap
 from hermetic.store.trees import check_relpath
-from hermetic.wheels.scripts import check_script
+from hermetic.wheels.scripts import PYTHON_SHEBANG, check_script
 
 if TYPE_CHECKING:
     from installer.scripts import ScriptSection
@@ -51,7 +55,8 @@ def unpack_wheel(staging: Staging, wheel_path: Path, wheel_sha256: str, *, where
     staging.commit_blobs()  # only a wheel unpacked whole puts anything in the store
     staging.record = {"format": STORE_FORMAT, "name": staging.name, "kind": "unpacked", "wheel": wheel_sha256,
                       "filename": wheel_path.name, "files": dict(sorted(dest.files.items())),
-                      "scripts": sorted(dest.scripts), "refs": [blob_ref(wheel_sha256)]}
+                      "scripts": sorted(dest.scripts), "shebangs": sorted(dest.shebangs),
+                      "refs": [blob_ref(wheel_sha256)]}
 
 
 def _check_members(wheel_path: Path, where: str) -> None:
@@ -93,10 +98,27 @@ class _BlobDestination(SchemeDictionaryDestination):
         self.staging = staging  # the files' bytes wait in the entry's staging folder until the wheel is whole
         self.files: FileMap = {}
         self.scripts: list[EntryPoint] = []
+        self.shebangs: list[str] = []   # files of ``scripts`` whose first line is ``#!python...``
+
+    def write_file(self, scheme: Scheme, path: str | os.PathLike[str], stream: BinaryIO,
+                   is_executable: bool) -> RecordEntry:
+        """installer's, but a script's ``#!python`` line is kept (installer would write ``#!`` and the
+        interpreter, which an unpacked entry does not have) and noted; scripts are executable."""
+        if scheme != "scripts":
+            return self.write_to_fs(scheme, os.fspath(path), stream, is_executable)
+        stream.seek(0)
+        python = stream.read(len(PYTHON_SHEBANG)) == PYTHON_SHEBANG  # installer's own test (fix_shebang)
+        stream.seek(0)
+        record = self.write_to_fs(scheme, os.fspath(path), stream, True)
+        if python:
+            self.shebangs.append(self._rel(scheme, os.fspath(path)))
+        return record
+
+    def _rel(self, scheme: Scheme, path: str) -> str:
+        return self._path_with_destdir(scheme, path).relative_to(_VBASE).as_posix()
 
     def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
-        target = self._path_with_destdir(scheme, path)  # raises ValueError outside the target
-        rel = target.relative_to(_VBASE).as_posix()
+        rel = self._rel(scheme, path)  # raises ValueError outside the target
         check_relpath(rel)
         if rel in self.files:
             raise ValueError(f"the wheel writes {rel} twice")

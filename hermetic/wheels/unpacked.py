@@ -37,6 +37,7 @@ class Unpacked:
     files: FileMap
     scripts: tuple[EntryPoint, ...] = ()
     filename: str = ""
+    shebangs: tuple[str, ...] = ()   # its scripts whose first line is #!python (wheels.scripts.with_shebangs)
 
 
 def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
@@ -46,7 +47,8 @@ def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
 def load_unpacked(store: Store, name: str) -> Unpacked:
     rec = store.unpacked_record(name)
     return Unpacked(name, rec["wheel"], {p: (d, bool(x)) for p, (d, x) in rec["files"].items()},
-                    tuple((n, m, a, s) for n, m, a, s in rec.get("scripts", [])), rec["filename"])
+                    tuple((n, m, a, s) for n, m, a, s in rec.get("scripts", [])), rec["filename"],
+                    tuple(rec.get("shebangs", [])))
 
 
 def wheel_label(w: LockedWheel) -> str:
