@@ -33,6 +33,9 @@ COMPAT_BASE = "0528f64184f4d247568de11ab74ef50400c0d464"
 # True while this code's object keys differ from COMPAT_BASE's (a salt bump): the base's objects and action
 # entries are misses then, compiled again, and gc removes the old ones. Back to False when the base moves on.
 KEYS_CHANGED = True
+# the last commit whose unpacker was at version 2 (keys.UNPACKER_VERSION): entries are unpacked again under
+# version 3's keys, and the files of the toolchain's tree, hence every object key, stay as they were
+UNPACKER_BASE = "ea6189e624e9e960eb492221a9bfd5be1cb10d8c"
 
 SOURCE = """\
 // A module that needs nothing but Python.h: the build is real (g++, torch's flags, the link against torch)
@@ -46,16 +49,20 @@ RECIPE = recipe_toml("compat", locks=["env.txt"], toolchain=True, sources={"src"
                      extensions=['name = "compat_ext"\nsource = "src"\nsources = ["*.cpp"]'])
 
 
-@pytest.fixture(scope="module")
-def base_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The package as COMPAT_BASE had it, unpacked from this repository's history."""
-    out = tmp_path_factory.mktemp("base")
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", COMPAT_BASE, "hermetic"], capture_output=True)
+def code_of(commit: str, out: Path) -> Path:
+    """The package as ``commit`` had it, unpacked from this repository's history into ``out``."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "hermetic"], capture_output=True)
     assert archive.returncode == 0, (
-        f"commit {COMPAT_BASE[:12]} is not in this clone (git says: {archive.stderr.decode().strip()}); the "
+        f"commit {commit[:12]} is not in this clone (git says: {archive.stderr.decode().strip()}); the "
         "compatibility test needs the repository's history (a full `git clone`)")
+    out.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
     return out
+
+
+@pytest.fixture(scope="module")
+def base_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return code_of(COMPAT_BASE, tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture
@@ -168,3 +175,28 @@ def test_a_root_and_a_remote_cache_written_by_the_base_commit_are_read_unchanged
         assert counts["objects_compiled"] == 0 and counts["objects_fetched-remote"] == 1, err  # type: ignore[index]
         assert receipt["remote"]["modules_fetched"] == 1
     assert receipt["modules"][0]["sha256"] == receipt_a["modules"][0]["sha256"]
+
+
+def test_an_unpacker_upgrade_keeps_the_toolchains_objects(tmp_path: Path, shared_root: Path) -> None:
+    """Unpacker version 3 re-keys every unpacked entry (it keeps ``#!python`` lines); the toolchain's files do
+    not change with it, so a root built by version 2 keeps its object: the first full realize of this code
+    unpacks the wheels again and compiles nothing."""
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "compat.cpp").write_text(SOURCE)
+    (project / "cuda-13.0-toolchain.txt").write_text((REPO / "manifests" / "cuda-13.0-toolchain.txt").read_text())
+    recipe = project / "recipe.toml"
+    recipe.write_text(recipe_toml("compat", toolchain=True, sources={"src": "src"}, jobs=2,
+                                  extensions=['name = "compat_ext"\nsource = "src"\nsources = ["*.cpp"]']))
+    root = tmp_path / "root"
+    seed_wheels(shared_root, root)
+    older = code_of(UNPACKER_BASE, tmp_path / "v2")
+    offline = {"PIP_NO_INDEX": "1"}
+    rc, old, err = hermetic(older, root, tmp_path / "home", "realize", recipe, env=offline)
+    assert rc == 0 and old["counts"]["objects_compiled"] == 1, err  # type: ignore[index]
+    rc, new, err = hermetic(None, root, tmp_path / "home", "realize", recipe, "--explain", env=offline)
+    assert rc == 0, err
+    counts = new["counts"]
+    assert counts["unpacked"] == 5, counts  # type: ignore[index]  # under version 3's keys
+    assert counts.get("objects_compiled", 0) == 0 and counts["objects_reused"] == 1, counts  # type: ignore[union-attr,index]
+    assert new["tree"] == old["tree"]
