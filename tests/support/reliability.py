@@ -137,11 +137,10 @@ def kill_and_reap(pid: int, root: Path, limit_s: float = 120.0) -> tuple[list[st
     outlived = [f"helper {h}" for h in helpers if _alive(h)]
     for line in survivors(root):
         p = int(line.split(":", 1)[0])
-        shim = _cmdline(p)
-        if GATED_SHIM not in shim:
+        if not _gated(_cmdline(p)):
             outlived.append(line)
             continue
-        while _alive(p) and _cmdline(p) == shim and time.monotonic() - start < limit_s:
+        while _alive(p) and _gated(_cmdline(p)) and time.monotonic() - start < limit_s:
             time.sleep(0.01)
         if _alive(p):  # it went through its gate after hermetic died: a build nothing will stop
             shown = _cmdline(p).replace(b"\0", b" ").decode(errors="replace")[:200]
@@ -150,6 +149,13 @@ def kill_and_reap(pid: int, root: Path, limit_s: float = 120.0) -> tuple[list[st
 
 
 GATED_SHIM = b'lim.get("gate")'
+
+
+def _gated(cmdline: bytes) -> bool:
+    """Still on the way to the limits shim's gate, or at it: the shim itself, or bubblewrap about to become
+    it (in the sandbox, bwrap's forked child carries bwrap's command line, the shim's text in it, until it
+    execs the shim; that exec is not the gate). An empty command line is a process on its way out."""
+    return GATED_SHIM in cmdline or cmdline == b""
 
 
 def _alive(pid: int) -> bool:
