@@ -193,6 +193,16 @@ def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> 
         return Compile(src, name, src + ".o", False, ("c++", f"-I{tmp_path / 'inc'}", "-c", src), src + ".d")
     assert cold_weight(c("bind.cpp")) == len('#include "big.h"\n#include "missing.h"\n#include <vector>\n') + 28000
     assert cold_weight(c("bind.cpp")) > cold_weight(c("kern.cu")) == 7000 > cold_weight(c("gone.cpp")) == 0
+    # an instantiation unit reaches its kernels through its header's own includes, each file counted once
+    # (the cycle too), whichever folder it is found in
+    (tmp_path / "inst.cuh").write_text('#include "inc/kernels.cuh"\n#include "inst.cuh"\n')
+    (tmp_path / "inc" / "kernels.cuh").write_text('#include "big.h"\n#include "../inst.cuh"\n' + "k;\n" * 3000)
+    (tmp_path / "inst_k8.cu").write_text('#include "inst.cuh"\n')
+    kernels = len('#include "big.h"\n#include "../inst.cuh"\n') + 9000
+    assert cold_weight(c("inst_k8.cu")) == len('#include "inst.cuh"\n') + (tmp_path / "inst.cuh").stat().st_size \
+        + kernels + 28000
+    memo: dict[str, tuple[int, list[str]]] = {}
+    assert cold_weight(c("inst_k8.cu"), memo) == cold_weight(c("inst_k8.cu"), memo) > cold_weight(c("bind.cpp"))
 
 
 def _torch_commands(ninja: Path) -> dict[str, list[str]]:

@@ -150,23 +150,39 @@ def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, fact
 _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 
 
-def cold_weight(c: Compile) -> int:
-    """A compile's cost guessed without a previous compile of it: the source's size plus the sizes of the
-    local headers it includes directly (found next to it or in a -I folder). A binding unit that includes
-    every header of its extension (exllamav3's bindings.cpp, one of its longest units) is
-    then started first, where its own small size alone would start it late."""
-    try:
-        data = Path(c.source).read_bytes()
-    except OSError:
-        return 0
-    dirs = [os.path.dirname(c.source), *(a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2)]
-    total = len(data)
-    for name in dict.fromkeys(_LOCAL_INCLUDE.findall(data)):
-        for d in dirs:
-            p = os.path.join(d, os.fsdecode(name))
-            if os.path.isfile(p):
-                total += os.path.getsize(p)
-                break
+def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = None) -> int:
+    """A compile's cost guessed without a previous compile of it: the bytes of its source and of every local
+    header it reaches through ``#include "..."`` (found next to the including file, else in a -I folder),
+    each counted once. The system's and torch's headers are common to every unit, so the project's own code
+    a unit pulls in is what sets units apart: exllamav3's bindings.cpp includes every header of its extension,
+    and a template-instantiation unit (a few lines naming one ``*_instances.cuh``) reaches the kernels it
+    instantiates only through that header's own includes (docs/builds.md, "The order of a cold build").
+    ``sizes`` memoizes (size, quoted includes) per file across units."""
+    memo = {} if sizes is None else sizes
+    dirs = [a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2]
+    total = 0
+    seen: set[str] = set()
+    stack = [os.path.normpath(c.source)]
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path not in memo:
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                data = None
+            memo[path] = (0, []) if data is None else \
+                (len(data), [os.fsdecode(n) for n in dict.fromkeys(_LOCAL_INCLUDE.findall(data))])
+        size, names = memo[path]
+        total += size
+        for name in names:
+            for d in (os.path.dirname(path), *dirs):
+                q = os.path.normpath(os.path.join(d, name))
+                if os.path.isfile(q):
+                    stack.append(q)
+                    break
     return total
 
 

@@ -115,6 +115,7 @@ def _units(jobs: list[ModuleJob]) -> list[Unit]:
                                                            or cost["seconds"] > across[key]["seconds"]):
                 across[key] = cost
     units: list[Unit] = []
+    sizes: dict[str, tuple[int, list[str]]] = {}
     for job in jobs:
         for i in job.todo():
             d = job.choices[i]
@@ -122,7 +123,7 @@ def _units(jobs: list[ModuleJob]) -> list[Unit]:
             own = prev.get("cost") if prev else None
             cost = own if own is not None and _valid_cost(own) else across.get((job.ext.name, d.compile.rel))
             units.append(Unit(len(units), job, i, cost["seconds"] if cost else None,
-                              cost["max_rss"] if cost else None, (d.weight, cold_weight(d.compile))))
+                              cost["max_rss"] if cost else None, (d.weight, cold_weight(d.compile, sizes))))
     return units
 
 
@@ -287,8 +288,15 @@ class Graph:
 
         span = max(end(u) for u in timed)
         self.report["compile_span_s"] = round(span, 3)
-        busy = sum(u.cost["seconds"] for u in timed if u.cost) / (self.recipe.limits.jobs * span) if span else None
+        # busy: how full the job slots were; cpu_busy: how much of the slots' time the compilers spent on a CPU
+        # (user and system time of each compile's process tree). Near 1, no order or job count beats the sum of
+        # the compiles' CPU time divided by the cores
+        slots = self.recipe.limits.jobs * span
+        busy = sum(u.cost["seconds"] for u in timed if u.cost) / slots if span else None
+        cpu = sum(u.cost["cpu_seconds"] for u in timed if u.cost)
         self.report["busy"] = round(busy, 3) if busy is not None else None
+        self.report["cpu_seconds"] = round(cpu, 1)
+        self.report["cpu_busy"] = round(cpu / slots, 3) if span else None
         # compiles do not depend on each other: the critical path is the longest compile (phase 2 starts
         # after phase 1); the last to end says how well the order packed the jobs
         longest = max(timed, key=lambda u: u.cost["seconds"] if u.cost else 0.0)
@@ -299,7 +307,8 @@ class Graph:
                                         "phase": longest.phase}
         self.report["last_to_end"] = {"unit": last.label, "ended_s": round(end(last), 3)}
         self.report["units"] = [{"unit": u.label, "phase": u.phase, "started_s": round(u.cost["start"] - epoch, 3),
-                                 "seconds": u.cost["seconds"], "max_rss": int(u.cost["max_rss"])}
+                                 "seconds": u.cost["seconds"], "cpu_seconds": u.cost["cpu_seconds"],
+                                 "max_rss": int(u.cost["max_rss"])}
                                 for u in sorted(timed, key=lambda u: u.cost["start"] if u.cost else 0.0) if u.cost]
         variants: dict[str, dict[str, Any]] = {}
         for u in timed:

@@ -169,6 +169,7 @@ def _say_schedule(reporter: Reporter, s: dict[str, Any]) -> None:
         return
     crit = s["critical_path"]
     busy = f", jobs {s['busy']:.0%} busy" if s.get("busy") is not None else ""
+    busy += f" (CPU {s['cpu_busy']:.0%})" if s.get("cpu_busy") is not None else ""
     reporter.event("build", f"compiled {s['compiles']} objects in {s['compile_span_s']:.1f} s on {s['jobs']} "
                             f"jobs{busy}; longest: {crit['unit']} {crit['seconds']:.1f} s"
                    + (f"; {s['waited']} waited for another variant's object" if s.get("waited") else "")
