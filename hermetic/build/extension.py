@@ -153,13 +153,17 @@ _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = None) -> int:
     """A compile's cost guessed without a previous compile of it: the bytes of its source and of every local
     header it reaches through ``#include "..."`` (found next to the including file, else in a -I folder),
-    each counted once. The system's and torch's headers are common to every unit, so the project's own code
-    a unit pulls in is what sets units apart: exllamav3's bindings.cpp includes every header of its extension,
-    and a template-instantiation unit (a few lines naming one ``*_instances.cuh``) reaches the kernels it
-    instantiates only through that header's own includes (docs/builds.md, "The order of a cold build").
+    each counted once, as long as it lies in the unit's own source tree. The system's, CUDA's and torch's
+    headers are common to every unit (and reached through quoted includes too, where the compiler finds them
+    in their -I folders), so the project's own code a unit pulls in is what sets units apart: exllamav3's
+    bindings.cpp includes every header of its extension, and a template-instantiation unit (a few lines
+    naming one ``*_instances.cuh``) reaches the kernels it instantiates only through that header's own
+    includes (docs/builds.md, "The order of a cold build").
     ``sizes`` memoizes (size, quoted includes) per file across units."""
     memo = {} if sizes is None else sizes
     dirs = [a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2]
+    tree = (c.source[:len(c.source) - len(c.rel)] if c.source.endswith(c.rel) else os.path.dirname(c.source))
+    inside = os.path.normpath(tree) + os.sep
     total = 0
     seen: set[str] = set()
     stack = [os.path.normpath(c.source)]
@@ -180,8 +184,9 @@ def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = Non
         for name in names:
             for d in (os.path.dirname(path), *dirs):
                 q = os.path.normpath(os.path.join(d, name))
-                if os.path.isfile(q):
-                    stack.append(q)
+                if os.path.isfile(q):  # the file the compiler takes; followed only inside the tree
+                    if q.startswith(inside):
+                        stack.append(q)
                     break
     return total
 
