@@ -289,8 +289,8 @@ class Graph:
         span = max(end(u) for u in timed)
         self.report["compile_span_s"] = round(span, 3)
         # busy: how full the job slots were; cpu_busy: how much of the slots' time the compilers spent on a CPU
-        # (user and system time of each compile's process tree). Near 1, no order or job count beats the sum of
-        # the compiles' CPU time divided by the cores
+        # (user and system time of each compile's process tree). Near 1 with a job per core, no order or job
+        # count beats the sum of the compiles' CPU time over the cores
         slots = self.recipe.limits.jobs * span
         busy = sum(u.cost["seconds"] for u in timed if u.cost) / slots if span else None
         cpu = sum(u.cost["cpu_seconds"] for u in timed if u.cost)
