@@ -205,12 +205,13 @@ def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> 
     assert cold_weight(c("inst_k8.cu"), memo) == cold_weight(c("inst_k8.cu"), memo) > cold_weight(c("bind.cpp"))
     # a header the compiler finds outside the unit's tree (torch's, CUDA's: common to every unit) is not
     # counted, nor followed, even through a quoted include
-    outside = tmp_path.parent / f"{tmp_path.name}-torch"
+    outside, tree = tmp_path / "torch", tmp_path / "proj"
     outside.mkdir()
+    tree.mkdir()
     (outside / "torch_big.h").write_text('#include "torch_more.h"\n' + "t;\n" * 50000)
     (outside / "torch_more.h").write_text("m;\n" * 50000)
-    (tmp_path / "uses_torch.cu").write_text('#include "torch_big.h"\n')
-    src = str(tmp_path / "uses_torch.cu")
+    (tree / "uses_torch.cu").write_text('#include "torch_big.h"\n')
+    src = str(tree / "uses_torch.cu")
     unit = Compile(src, "uses_torch.cu", src + ".o", True, ("nvcc", f"-I{outside}", "-c", src), src + ".d")
     assert cold_weight(unit) == len('#include "torch_big.h"\n')
 
