@@ -337,11 +337,12 @@ def kill_session(sid: int) -> None:
 RESULT_MARK = "hermetic-probe-result: "
 
 
-def run_probe(argv: list[str], *, env: dict[str, str], cwd: str) -> tuple[dict[str, Any] | None, str]:
+def run_probe(argv: list[str], *, env: dict[str, str], cwd: str,
+              on_start: Callable[[int], None] | None = None) -> tuple[dict[str, Any] | None, str]:
     """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
-    (procs.run_limited). Its result is the JSON after RESULT_MARK; stdout and stderr arrive merged.
-    Returns (result, or None when it failed; its other output)."""
-    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None)
+    (procs.run_limited; ``on_start`` as there). Its result is the JSON after RESULT_MARK; stdout and stderr
+    arrive merged. Returns (result, or None when it failed; its other output)."""
+    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None, on_start=on_start)
     found = [line for line in tail if line.startswith(RESULT_MARK)]
     text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))
     if rc != 0 or not found:

@@ -90,6 +90,9 @@ def test_heavy_units_of_two_variants_overlap_and_a_waivable_unit_compiles_once(t
     for v in ("plain", "spiced"):
         assert s["variants"][v]["plan_s"] > 0 and s["variants"][v]["link_s"] > 0
     assert s["import_check_s"] > 0
+    # the check's interpreter imported torch while the compiles ran (the profile holds no wheels of its own)
+    check = json.loads(Path(str(res.result["receipt"])).read_text())["import_check"]
+    assert check["started_early"] is True and check["modules"] == ["joint_ext", "joint_spiced_ext"]
     # what each compile took is in its record and the certificate; the next build starts the longest first
     assert plain["heavy.cpp"]["cost"]["seconds"] > plain["light_a.cpp"]["cost"]["seconds"]
     assert plain["heavy.cpp"]["cost"]["max_rss"] > 1 << 20

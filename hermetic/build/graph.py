@@ -29,7 +29,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,7 @@ class Graph:
     recipe: Recipe
     jobs: list[ModuleJob]
     reporter: Reporter
+    on_compiles: Callable[[], None] | None = None   # called once before the scan where anything compiles
     units: list[Unit] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -184,6 +185,8 @@ class Graph:
                        "memory_pool": None}
         if not self.units:
             return self.report
+        if self.on_compiles is not None:
+            self.on_compiles()
         _group_and_predict(self.root, self.units)
         self.report["scan_s"] = round(time.monotonic() - started, 4)
         producers = {id(j): producer_record(self.recipe.name, j.variant.name, j.plan.module) for j in self.jobs}

@@ -1,24 +1,49 @@
 """After linking: import every module of the recipe together in one fresh interpreter, and prove that the
 import created no CUDA context (torch's view, and NVML's list of compute processes where a GPU exists) and
 mapped no library from a system CUDA.
+
+The interpreter may be started while the compiles run (``ImportCheck.start``): it imports torch, the seconds
+the check would otherwise add after the links, then waits on a pipe in the root's tmp/ for the names of the
+modules. It is the same fresh interpreter with the same environment either way; nothing but torch is imported
+before the names arrive, and the profile's folder is looked up anew then (it may not have existed, or named an
+older tree, when the interpreter started). A realize whose profile holds wheels of its own starts it only
+when the check runs: torch's import could read those wheels, and they are not laid out before then.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
+from hermetic import procs
 from hermetic.errors import WorkFailed
-from hermetic.procs import run_probe
 from hermetic.root import Root
 
 _PROBE = r"""
-import importlib, json, os, sys
+import importlib, json, os, sys, time
+gate = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # never waits, even where hermetic has let go
+os.set_blocking(gate, True)  # a read waits for the names while hermetic holds its end, then says EOF
+began = time.monotonic()
 import torch
-mods = sys.argv[1:]
+torch_s = time.monotonic() - began
+names = b""
+while not names.endswith(b"\n"):
+    chunk = os.read(gate, 65536)
+    if not chunk:
+        sys.exit(0)  # hermetic did not need the check after all
+    names += chunk
+waited = time.monotonic()
+mods = names.decode().split()
+for path in [p for p, finder in sys.path_importer_cache.items() if finder is None]:
+    del sys.path_importer_cache[path]  # a folder that did not exist yet when this interpreter started
+importlib.invalidate_caches()
 for m in mods:
     importlib.import_module(m)
-res = {"modules": mods, "cuda_initialized": bool(torch.cuda.is_initialized())}
+res = {"modules": mods, "cuda_initialized": bool(torch.cuda.is_initialized()),
+       "torch_import_s": round(torch_s, 3), "modules_import_s": round(time.monotonic() - waited, 3)}
 maps = open("/proc/self/maps").read().splitlines()
 libs = sorted({l.split()[-1] for l in maps if l.split()[-1].startswith("/")})
 res["cuda_libraries"] = [l for l in libs if "libcudart" in l or "libcuda.so" in l]
@@ -35,30 +60,99 @@ except Exception as e:
 print("hermetic-probe-result: " + json.dumps(res))
 """
 
+_SERIAL = itertools.count()
 
-def import_check(root: Root, python: str, profile: Path, modules: list[str], tree: str,
-                 env: dict[str, str]) -> dict[str, Any]:
-    """Run once per tree (cached by its content-addressed name): a no-op realize imports nothing."""
-    cache = root.cache("imports")
-    cached = cache.get(tree)
-    if isinstance(cached, dict):
-        return cached
-    run_env = {**env, "PYTHONPATH": str(profile)}
-    run_env.pop("CUDA_VISIBLE_DEVICES", None)  # where a GPU exists, let the import see it: it must not use it
-    found, output = run_probe([python, "-c", _PROBE, *modules], env=run_env, cwd=str(root.tmp))
-    if found is None:
-        raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
-                         where=str(profile), hint="a module that builds but does not import: see the error")
-    result: dict[str, Any] = found
-    problems = []
-    if result["cuda_initialized"]:
-        problems.append("torch reports a CUDA context after the import")
-    if result["nvml"].get("our_process_listed"):
-        problems.append("NVML lists the importing process on a GPU")
-    if result["system_cuda"]:
-        problems.append(f"libraries from a system CUDA were mapped: {result['system_cuda']}")
-    if problems:
-        raise WorkFailed("the import check failed: " + "; ".join(problems), where=str(profile),
-                         hint="importing an extension must not touch CUDA or a system CUDA")
-    cache.put(tree, result)
-    return result
+
+class ImportCheck:
+    """The check of one realize: ``start`` (at most once, as early as wanted), then ``run`` or ``cancel``."""
+
+    def __init__(self, root: Root, python: str, profile: Path, env: dict[str, str]) -> None:
+        self.root, self.python, self.profile = root, python, profile
+        self.env = {**env, "PYTHONPATH": str(profile)}
+        self.env.pop("CUDA_VISIBLE_DEVICES", None)  # where a GPU exists, let the import see it: it must not use it
+        self.started_early = False
+        self._gate: Path | None = None
+        self._fd: int | None = None
+        self._pid: int | None = None
+        self._thread: threading.Thread | None = None
+        self._result: tuple[dict[str, Any] | None, str] = (None, "")
+        self._error: BaseException | None = None
+
+    def start(self, *, early: bool = True) -> None:
+        """Start the interpreter; it imports torch and waits for the names."""
+        if self._thread is not None:
+            return
+        self.started_early = early
+        self.root.tmp.mkdir(parents=True, exist_ok=True)
+        self._gate = self.root.tmp / f"import-check-{os.getpid()}-{next(_SERIAL)}"
+        os.mkfifo(self._gate, 0o600)
+        self._fd = os.open(self._gate, os.O_RDWR)  # a reader and a writer: neither end's open waits
+
+        def probe() -> None:
+            try:
+                self._result = procs.run_probe([self.python, "-c", _PROBE, str(self._gate)], env=self.env,
+                                               cwd=str(self.root.tmp), on_start=self._started)
+            except BaseException as e:  # raised where the check is asked for
+                self._error = e
+        self._thread = threading.Thread(target=probe, name="import-check", daemon=True)
+        self._thread.start()
+
+    def _started(self, pid: int) -> None:
+        self._pid = pid
+
+    def run(self, modules: list[str], tree: str) -> dict[str, Any]:
+        """The check of ``modules`` in ``tree``: once per tree (cached by its content-addressed name), so a
+        no-op realize imports nothing."""
+        cache = self.root.cache("imports")
+        cached = cache.get(tree)
+        if isinstance(cached, dict):
+            self.cancel()
+            return cached
+        self.start(early=False)
+        assert self._fd is not None and self._thread is not None
+        try:
+            os.write(self._fd, (" ".join(modules) + "\n").encode())
+        except OSError:
+            pass  # the interpreter is gone already: its output says why
+        self._thread.join()  # hermetic's end stays open until then: a pipe no one holds loses what it was told
+        self._finish()
+        if self._error is not None:
+            raise self._error
+        found, output = self._result
+        if found is None:
+            raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
+                             where=str(self.profile), hint="a module that builds but does not import: see the error")
+        result: dict[str, Any] = {**found, "started_early": self.started_early}
+        problems = []
+        if result["cuda_initialized"]:
+            problems.append("torch reports a CUDA context after the import")
+        if result["nvml"].get("our_process_listed"):
+            problems.append("NVML lists the importing process on a GPU")
+        if result["system_cuda"]:
+            problems.append(f"libraries from a system CUDA were mapped: {result['system_cuda']}")
+        if problems:
+            raise WorkFailed("the import check failed: " + "; ".join(problems), where=str(self.profile),
+                             hint="importing an extension must not touch CUDA or a system CUDA")
+        cache.put(tree, result)
+        return result
+
+    def cancel(self) -> None:
+        """Not needed (a failed build, a cached check): stop the interpreter now, wherever it is."""
+        if self._thread is None:
+            return
+        if self._pid is not None:
+            procs.kill_session(self._pid)
+        self._finish()
+
+    def _finish(self) -> None:
+        """Let go of the pipe (a waiting interpreter reads EOF and ends), wait for the interpreter, remove the
+        pipe."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = self._pid = None
+        if self._gate is not None:
+            self._gate.unlink(missing_ok=True)
+            self._gate = None

@@ -24,8 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from hermetic import fs
 from hermetic.build.objects import RAW, STRIPPED, ObjectCache
@@ -65,6 +64,23 @@ def search_dirs(argv: tuple[str, ...] | list[str]) -> tuple[list[str], list[str]
     return out["quote"], out["angle"] + out["system"]
 
 
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _same_file(a: str, b: str) -> bool:
+    """One file under two names (the store links a file both variants' trees hold unchanged): same content."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 class IncludeScanner:
     """Textual include closures and identifier mentions, cached per file by fingerprint (root's ``includes``)."""
 
@@ -72,6 +88,8 @@ class IncludeScanner:
         self.table = fs.FingerprintTable(root.cache_dir("includes") / "includes.json")
         self._facts: dict[str, list[object] | None] = {}
         self._found: dict[tuple[str, str], str | None] = {}
+        self._graphs: dict[tuple[tuple[str, ...], tuple[str, ...]], IncludeGraph] = {}
+        self._verdicts: dict[tuple[object, ...], Verdicts] = {}
 
     def _fact(self, path: str) -> list[object] | None:
         """[[quoted?, name] of every include directive, {identifiers: mentioned?}]; None if unreadable."""
@@ -79,10 +97,7 @@ class IncludeScanner:
             return self._facts[path]
         fp, fact = self.table.get(path)
         if fp is not None and fact is None:
-            try:
-                data = Path(path).read_bytes()
-            except OSError:
-                data = None
+            data = _read(path)
             if data is not None:
                 fact = [[[q == b'"', os.fsdecode(n.strip())] for q, n in _DIRECTIVE.findall(data)], {}]
                 self.table.put(path, fp, fact)
@@ -97,10 +112,11 @@ class IncludeScanner:
         assert isinstance(seen, dict)
         key = ",".join(names)
         if key not in seen:
-            try:
-                seen[key] = identifier_re(names).search(Path(path).read_bytes()) is not None
-            except OSError:
+            data = _read(path)
+            if data is None:
                 return True
+            # the regular expression (identifiers as whole words) only where one appears as bytes at all
+            seen[key] = any(n.encode() in data for n in names) and identifier_re(names).search(data) is not None
             self.table.dirty = True
         return bool(seen[key])
 
@@ -114,28 +130,137 @@ class IncludeScanner:
                 return self._found[key]
         return None
 
+    def graph(self, c: Compile) -> IncludeGraph:
+        """The include graph of every compile searching the folders ``c`` searches."""
+        quote, angle = search_dirs(c.argv)
+        key = (tuple(quote), tuple(angle))
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = IncludeGraph(self, quote, angle)
+        return g
+
     def closure(self, c: Compile) -> list[str]:
         """The source and every file its include directives reach through the compile's search folders."""
-        quote, angle = search_dirs(c.argv)
-        seen = {os.path.normpath(c.source): None}
-        todo = [os.path.normpath(c.source)]
+        g = self.graph(c)
+        return g.files(g.reach(g.add(c.source)))
+
+    def verdicts(self, g: IncludeGraph, follower: ObjectCache, leader: ObjectCache, mode: str,
+                 names: list[str]) -> Verdicts:
+        key = (id(g), id(follower), id(leader), mode, tuple(names))
+        v = self._verdicts.get(key)
+        if v is None:
+            v = self._verdicts[key] = Verdicts()
+        return v
+
+    def save(self) -> None:
+        self.table.save()
+
+
+class IncludeGraph:
+    """The include directives of every file that compiles with one set of search folders reach, resolved once
+    per file, and what each file reaches in all, as a bit set over the files (bit ``i``: ``paths[i]``).
+
+    Sources are added as the compiles ask; adding one discovers only files no earlier source reached (had an
+    earlier file included one, it would have been discovered then), so the sets of the files known before stay
+    final and only the new files' sets are computed: a fixpoint over them (an include cycle, legal under include
+    guards, needs a second pass), in depth-first postorder so that without cycles one pass settles them."""
+
+    def __init__(self, scanner: IncludeScanner, quote: list[str], angle: list[str]) -> None:
+        self.scanner, self.quote, self.angle = scanner, quote, angle
+        self.index: dict[str, int] = {}
+        self.paths: list[str] = []
+        self.edges: list[list[int]] = []
+        self._reach: list[int] = []   # final for the first len(self._reach) files
+
+    def _node(self, path: str) -> int:
+        i = self.index[path] = len(self.paths)
+        self.paths.append(path)
+        self.edges.append([])
+        return i
+
+    def add(self, source: str) -> int:
+        """The index of ``source``, discovering the files its directives reach that none before did."""
+        start = os.path.normpath(source)
+        if start in self.index:
+            return self.index[start]
+        todo = [self._node(start)]
         while todo:
-            path = todo.pop()
-            fact = self._fact(path)
+            i = todo.pop()
+            path = self.paths[i]
+            fact = self.scanner._fact(path)
             if fact is None:
                 continue
             directives = fact[0]
             assert isinstance(directives, list)
+            here = [os.path.dirname(path), *self.quote, *self.angle]
+            out: list[int] = []
             for quoted, name in directives:
-                dirs = [os.path.dirname(path), *quote, *angle] if quoted else angle
-                found = self._resolve(name, dirs)
-                if found is not None and found not in seen:
-                    seen[found] = None
-                    todo.append(found)
-        return list(seen)
+                found = self.scanner._resolve(name, here if quoted else self.angle)
+                if found is None:
+                    continue
+                j = self.index.get(found)
+                if j is None:
+                    j = self._node(found)
+                    todo.append(j)
+                out.append(j)
+            self.edges[i] = out
+        return self.index[start]
 
-    def save(self) -> None:
-        self.table.save()
+    def reach(self, i: int) -> int:
+        """The files ``paths[i]`` reaches, itself included, as a bit set."""
+        if i >= len(self._reach):
+            self._settle()
+        return self._reach[i]
+
+    def _settle(self) -> None:
+        first, n = len(self._reach), len(self.paths)
+        reach = self._reach + [1 << k for k in range(first, n)]
+        order: list[int] = []
+        seen = set(range(first))
+        for root in range(first, n):
+            if root in seen:
+                continue
+            seen.add(root)
+            stack = [(root, iter(self.edges[root]))]
+            while stack:
+                node, it = stack[-1]
+                for j in it:
+                    if j not in seen:
+                        seen.add(j)
+                        stack.append((j, iter(self.edges[j])))
+                        break
+                else:
+                    stack.pop()
+                    order.append(node)
+        changed = True
+        while changed:
+            changed = False
+            for i in order:
+                r = reach[i]
+                for j in self.edges[i]:
+                    r |= reach[j]
+                if r != reach[i]:
+                    reach[i] = r
+                    changed = True
+        self._reach = reach
+
+    def files(self, bits: int) -> list[str]:
+        out = []
+        while bits:
+            low = bits & -bits
+            out.append(self.paths[low.bit_length() - 1])
+            bits ^= low
+        return out
+
+
+@dataclass
+class Verdicts:
+    """For one include graph and one pair of variants (and defines, hash mode): which files were judged, and
+    which of them defeat the waiver, with why (each file is judged once, whatever number of compiles reach it)."""
+    judged: int = 0
+    bad: int = 0
+    reasons: dict[int, str] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)   # files outside the graph: path -> reason, "" if fine
 
 
 def predict(scanner: IncludeScanner, follower: Compile, follower_cache: ObjectCache, leader: Compile,
@@ -148,19 +273,42 @@ def predict(scanner: IncludeScanner, follower: Compile, follower_cache: ObjectCa
     if names and (blocker := follower_cache.command_blocker(follower, names)):
         return Prediction(False, blocker, 0)
     mode = RAW if is_debug(follower.argv) else STRIPPED
-    files = scanner.closure(follower)
-    known = set(files)
-    for canonical in last_inputs:
-        path = follower_cache.pmap.local_path(canonical)
-        if path not in known and os.path.isfile(path):
-            known.add(path)
-            files.append(path)
-    for path in files:
+
+    def judge(path: str) -> str:
         canonical = follower_cache.pmap.canonical_path(path)
         other = leader_cache.pmap.local_path(canonical)
-        if other != path and follower_cache.hasher.hash(path, mode) != leader_cache.hasher.hash(other, mode):
-            return Prediction(False, f"{canonical} differs between the variants", len(files))
+        if other != path and not _same_file(path, other) \
+                and follower_cache.hasher.hash(path, mode) != leader_cache.hasher.hash(other, mode):
+            return f"{canonical} differs between the variants"
         if names and scanner.mentions(path, names):
-            return Prediction(False, f"defines differ ({', '.join(names)}) and {canonical} mentions one of them",
-                              len(files))
-    return Prediction(True, "", len(files))
+            return f"defines differ ({', '.join(names)}) and {canonical} mentions one of them"
+        return ""
+
+    g = scanner.graph(follower)
+    source = g.add(follower.source)
+    reached = g.reach(source)
+    v = scanner.verdicts(g, follower_cache, leader_cache, mode, names)
+    todo = reached & ~v.judged
+    while todo:
+        low = todo & -todo
+        todo ^= low
+        k = low.bit_length() - 1
+        if why := judge(g.paths[k]):
+            v.bad |= low
+            v.reasons[k] = why
+    v.judged |= reached
+    files = reached.bit_count()
+    if bad := reached & v.bad:  # the source's own reason first, else the first file found
+        k = source if bad >> source & 1 else (bad & -bad).bit_length() - 1
+        return Prediction(False, v.reasons[k], files)
+    for canonical in last_inputs:
+        path = follower_cache.pmap.local_path(canonical)
+        at = g.index.get(path)
+        if (at is not None and reached >> at & 1) or not os.path.isfile(path):
+            continue
+        files += 1
+        if path not in v.extra:
+            v.extra[path] = judge(path)
+        if v.extra[path]:
+            return Prediction(False, v.extra[path], files)
+    return Prediction(True, "", files)

@@ -6,6 +6,7 @@ them one name, so variants (and other roots) compare and share objects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +94,11 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
 
 def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
                    tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
-                   counts: dict[str, int], explain: bool, share: ObjectShare | None = None) -> RecipeBuild:
+                   counts: dict[str, int], explain: bool, share: ObjectShare | None = None,
+                   on_compiles: Callable[[], None] | None = None) -> RecipeBuild:
     """Every extension of every variant: certified reuse, one build graph for all their compiles
-    (build/graph.py), links and certificates."""
+    (build/graph.py), links and certificates. ``on_compiles`` is called once, before the graph's work,
+    where anything is to compile."""
     assert recipe.toolchain is not None
     refs = [entry_ref(tc.id["cuda"])]
     modules: list[BuiltModule] = []
@@ -115,7 +118,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                 jobs.append(plan_module(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
                                         sorted(tree.files), reporter, hasher, share))
         hasher.save()
-        schedule = Graph(root, recipe, jobs, reporter).run()
+        schedule = Graph(root, recipe, jobs, reporter, on_compiles).run()
         for job in jobs:
             built = finish_module(root, store, recipe, job, facts, tc.id, reporter, share)
             modules.append(built)

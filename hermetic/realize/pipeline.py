@@ -45,6 +45,7 @@ from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
+    from hermetic.build.importcheck import ImportCheck
     from hermetic.build.sources import SourceTree
     from hermetic.build.variants import PreparedToolchain, RecipeBuild
     from hermetic.remote.layout import Sharing
@@ -60,14 +61,18 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     r = Realization(root, recipe_path, reporter, variant, explain, remote, offline)
     r.validate(sandbox)     # 1
     with r.sandbox.confined():
-        r.qualify()         # 2
-        r.fetch()           # 3
-        r.toolchain()       # 4
-        r.sources()         # 5
-        r.build()           # 6
-        r.materialize()     # 7
-        r.check()           # 8
-        return r.receipt()  # 9
+        try:
+            r.qualify()         # 2
+            r.fetch()           # 3
+            r.toolchain()       # 4
+            r.sources()         # 5
+            r.build()           # 6
+            r.materialize()     # 7
+            r.check()           # 8
+            return r.receipt()  # 9
+        finally:
+            if r.import_check is not None:  # started early and not needed: a failed build
+                r.import_check.cancel()
 
 
 def say_sandbox(reporter: Reporter, sandbox: Sandbox, what: str) -> None:
@@ -107,6 +112,7 @@ class Realization:
         self.tc: PreparedToolchain | None = None
         self.trees: dict[str, dict[str, SourceTree]] = {}
         self.built: RecipeBuild | None = None
+        self.import_check: ImportCheck | None = None
         self.files: FileMap = {}
         self.refs: list[str] = []
         self.tree = ""
@@ -187,10 +193,17 @@ class Realization:
     def build(self) -> None:
         if not self.builds:
             return
+        from hermetic.build.extension import build_env
+        from hermetic.build.importcheck import ImportCheck
         from hermetic.build.variants import build_variants
         assert self.facts is not None and self.tc is not None
+        # the check's interpreter imports torch while the compiles run, where the profile holds no wheels that
+        # torch's import could read (they are laid out in step 7): importcheck.py
+        self.import_check = ImportCheck(self.root, self.facts["executable"], self.root.profiles / self.name,
+                                        build_env(self.root, self.tc.info))
         self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
-                                    self.trees, self.reporter, self.counts, self.explain, self.share)
+                                    self.trees, self.reporter, self.counts, self.explain, self.share,
+                                    on_compiles=None if self.unpacked else self.import_check.start)
         self.report.update(self.built.report)
         self.lap("build")
 
@@ -215,11 +228,9 @@ class Realization:
     def check(self) -> None:
         if self.built is None:
             return
-        from hermetic.build.importcheck import import_check
+        assert self.import_check is not None and self.profile == self.import_check.profile
         self.reporter.event("phase", phase="checking")
-        self.report["import_check"] = import_check(self.root, self.report["host"]["executable"], self.profile,
-                                                   [m.module for m in self.built.modules], self.tree,
-                                                   self.built.env)
+        self.report["import_check"] = self.import_check.run([m.module for m in self.built.modules], self.tree)
         self.lap("check")
         self.report["schedule"]["import_check_s"] = self.timings["check"]
 
