@@ -157,8 +157,9 @@ class IncludeScanner:
 
 
 class IncludeGraph:
-    """The include directives of every file that compiles with one set of search folders reach, resolved once
-    per file, and what each file reaches in all, as a bit set over the files (bit ``i``: ``paths[i]``).
+    """Every file the compiles that search one set of folders reach through their include directives, each
+    file's directives resolved once, and what each file reaches in all, as a bit set over the files (bit
+    ``i``: ``paths[i]``).
 
     Sources are added as the compiles ask; adding one discovers only files no earlier source reached (had an
     earlier file included one, it would have been discovered then), so the sets of the files known before stay
