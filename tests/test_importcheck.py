@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,7 @@ def _tree(folder: Path, body: str) -> Path:
     return folder
 
 
-def _wait_for(pred: object, limit_s: float = 60.0) -> None:
-    assert callable(pred)
+def _wait_for(pred: Callable[[], object], limit_s: float = 60.0) -> None:
     end = time.monotonic() + limit_s
     while not pred():
         assert time.monotonic() < end, "timed out"

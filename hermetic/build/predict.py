@@ -75,10 +75,9 @@ def _read(path: str) -> bytes | None:
 def _same_file(a: str, b: str) -> bool:
     """One file under two names (the store links a file both variants' trees hold unchanged): same content."""
     try:
-        sa, sb = os.stat(a), os.stat(b)
+        return os.path.samefile(a, b)
     except OSError:
         return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 class IncludeScanner:

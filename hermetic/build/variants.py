@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
-from hermetic.build.extension import BuiltModule, ModuleJob, build_env, finish_module, plan_module
+from hermetic.build.extension import BuiltModule, ModuleJob, finish_module, plan_module
 from hermetic.build.graph import Graph
 from hermetic.build.objects import InputHasher, ObjectChoice
 from hermetic.build.sources import SourceTree, link_variant_source, realize_source
@@ -48,7 +48,6 @@ class RecipeBuild:
     modules: list[BuiltModule]
     refs: list[str]
     report: dict[str, Any]
-    env: dict[str, str]
     changed: bool = False
     explained: list[str] = field(default_factory=list)
 
@@ -155,7 +154,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
         "schedule": schedule,
     }
     changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
-    return RecipeBuild(modules, refs, report, build_env(root, info), changed, [line for _m, line in explained])
+    return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained])
 
 
 def explain_line(module: str, d: ObjectChoice) -> str:
