@@ -142,9 +142,13 @@ def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, fact
                               if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
     built = _link_and_certify(root, store, recipe, job.variant, job.plan, facts, job.choices, job.env,
                               toolchain_id, job.pmap, reporter, share)
-    root.cache("builds").put(f"{recipe.name}.{job.variant.name}.{job.ext.name}", built.certificate_blob)
     job.timings["link"] = round(time.monotonic() - started, 4)
     return built
+
+
+def remember_build(root: Root, recipe: Recipe, job: ModuleJob, built: BuiltModule) -> None:
+    """The module's certificate as its last build, for --explain (``previous_objects``)."""
+    root.cache("builds").put(f"{recipe.name}.{job.variant.name}.{job.ext.name}", built.certificate_blob)
 
 
 _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)

@@ -171,6 +171,7 @@ class Graph:
     jobs: list[ModuleJob]
     reporter: Reporter
     on_compiles: Callable[[], None] | None = None   # called once before the scan where anything compiles
+    confirm: Callable[[], None] | None = None       # called before the first object is recorded
     units: list[Unit] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -265,6 +266,9 @@ class Graph:
         if u.cost is not None:
             cost = {"seconds": u.cost["seconds"], "cpu_seconds": u.cost["cpu_seconds"],
                     "max_rss": int(u.cost["max_rss"])}
+        if self.confirm is not None:  # the host's facts were a guess: confirmed before anything is recorded
+            self.confirm()
+            self.confirm = None
         u.job.record(u.index, producers[id(u.job)], cost)
         for f in u.followers:
             found = f.job.cache.find(f.compile)

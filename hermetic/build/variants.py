@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
-from hermetic.build.extension import BuiltModule, ModuleJob, finish_module, plan_module
+from hermetic.build.extension import BuiltModule, ModuleJob, finish_module, plan_module, remember_build
 from hermetic.build.graph import Graph
 from hermetic.build.objects import InputHasher, ObjectChoice
 from hermetic.build.sources import SourceTree, link_variant_source, realize_source
@@ -94,10 +94,12 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
 def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
                    tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
                    counts: dict[str, int], explain: bool, share: ObjectShare | None = None,
-                   on_compiles: Callable[[], None] | None = None) -> RecipeBuild:
+                   on_compiles: Callable[[], None] | None = None,
+                   confirm: Callable[[], None] | None = None) -> RecipeBuild:
     """Every extension of every variant: certified reuse, one build graph for all their compiles
     (build/graph.py), links and certificates. ``on_compiles`` is called once, before the graph's work,
-    where anything is to compile."""
+    where anything is to compile; ``confirm`` before anything is recorded (the host's facts may be a guess
+    still being probed: build.host)."""
     assert recipe.toolchain is not None
     refs = [entry_ref(tc.id["cuda"])]
     modules: list[BuiltModule] = []
@@ -117,9 +119,11 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                 jobs.append(plan_module(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
                                         sorted(tree.files), reporter, hasher, share))
         hasher.save()
-        schedule = Graph(root, recipe, jobs, reporter, on_compiles).run()
-        for job in jobs:
-            built = finish_module(root, store, recipe, job, facts, tc.id, reporter, share)
+        schedule = Graph(root, recipe, jobs, reporter, on_compiles, confirm).run()
+        if confirm is not None:
+            confirm()
+        for job, built in zip(jobs, _finish(root, store, recipe, jobs, facts, tc, reporter, share), strict=True):
+            remember_build(root, recipe, job, built)
             modules.append(built)
             refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
     per_variant: dict[str, Any] = schedule.setdefault("variants", {})
@@ -155,6 +159,20 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     }
     changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
     return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained])
+
+
+def _finish(root: Root, store: Store, recipe: Recipe, jobs: list[ModuleJob], facts: dict[str, Any],
+            tc: PreparedToolchain, reporter: Reporter, share: ObjectShare | None) -> list[BuiltModule]:
+    """Every module linked and certified, side by side (each link is a compiler process of its own; the store
+    takes entries from several threads), except with a remote cache, whose client is used from one thread.
+    The first failure is raised once every link has ended."""
+    if len(jobs) == 1 or share is not None:
+        return [finish_module(root, store, recipe, job, facts, tc.id, reporter, share) for job in jobs]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(len(jobs), recipe.limits.jobs), thread_name_prefix="link") as pool:
+        futures = [pool.submit(finish_module, root, store, recipe, job, facts, tc.id, reporter, None)
+                   for job in jobs]
+    return [f.result() for f in futures]
 
 
 def explain_line(module: str, d: ObjectChoice) -> str:

@@ -4,7 +4,9 @@
     1. validate   the recipe and its variants; the store and the remote cache opened; the sandbox every
                   child of the steps below runs in (hermetic.sandbox), or why there is none
     2. qualify    the recipe's interpreter (its tags, markers and scheme; torch too for a recipe that
-                  builds) and the locks, evaluated for it
+                  builds) and the locks, evaluated for it. Torch's facts may be a guess from its files while
+                  the probe imports it (build.host): confirmed before anything is recorded or any error
+                  reported; a refuted guess starts the realize again
     3. fetch      every locked wheel not yet in the store, unpacked once
     4. toolchain  the CUDA toolchain's tree, checked against torch
     5. sources    the source trees of every variant, patched
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from hermetic import procs
 from hermetic.audit import OutsideRootAudit
 from hermetic.build.toolchain import toolchain_links
-from hermetic.errors import BadInput
+from hermetic.errors import BadInput, HermeticError
 from hermetic.interpreter import WHERE, Interpreter, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
@@ -45,6 +47,7 @@ from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
+    from hermetic.build.host import Qualifying
     from hermetic.build.importcheck import ImportCheck
     from hermetic.build.sources import SourceTree
     from hermetic.build.variants import PreparedToolchain, RecipeBuild
@@ -58,7 +61,18 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
     """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``).
     ``offline``: nothing is fetched (no index, no remote cache); what would have to be is a failed precondition.
     ``sandbox``: the command line's mode (``--sandbox``), which wins over HERMETIC_SANDBOX and the recipe's."""
+    from hermetic.build.host import GuessWrong
+    try:
+        return _attempt(root, recipe_path, reporter, variant, explain, remote, offline, sandbox, guess=True)
+    except GuessWrong as e:  # nothing was recorded with the guess: the probe's answer is cached now
+        reporter.warn(f"{e}: realizing again with the probe's answer")
+        return _attempt(root, recipe_path, reporter, variant, explain, remote, offline, sandbox, guess=False)
+
+
+def _attempt(root: Root, recipe_path: Path, reporter: Reporter, variant: str | None, explain: bool,
+             remote: RemoteOptions | None, offline: bool, sandbox: str | None, *, guess: bool) -> Outcome:
     r = Realization(root, recipe_path, reporter, variant, explain, remote, offline)
+    r.guess = guess
     r.validate(sandbox)     # 1
     with r.sandbox.confined():
         try:
@@ -70,9 +84,16 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
             r.materialize()     # 7
             r.check()           # 8
             return r.receipt()  # 9
+        except HermeticError:
+            # an error found with guessed facts is only reported once the probe has confirmed them
+            if r.qualifying is not None:
+                r.qualifying.confirm()
+            raise
         finally:
             if r.import_check is not None:  # started early and not needed: a failed build
                 r.import_check.cancel()
+            if r.qualifying is not None:
+                r.qualifying.cancel()
 
 
 def say_sandbox(reporter: Reporter, sandbox: Sandbox, what: str) -> None:
@@ -104,6 +125,8 @@ class Realization:
         self.audit.start()
         self.share: Sharing | None = None
         self.facts: dict[str, Any] | None = None
+        self.qualifying: Qualifying | None = None   # the host's facts, possibly still being probed
+        self.guess = True
         self.python: Interpreter | None = None
         self.locks: list[Lock] = []
         self.toolchain_lock: Lock | None = None
@@ -155,10 +178,17 @@ class Realization:
         if tc_lock is not None:
             self.toolchain_lock = read_lock_cached(cache, tc_lock, self.python)
         if self.builds:
-            from hermetic.build.host import qualify
-            self.facts = qualify(self.root, self.recipe.python, need_torch=True,
-                                 where=self.recipe.doc.where("recipe", "python") if self.recipe.python else WHERE)
+            from hermetic.build.host import start_qualify
+            self.qualifying = start_qualify(self.root, self.recipe.python, guess=self.guess,
+                                            where=self.recipe.doc.where("recipe", "python") if self.recipe.python
+                                            else WHERE)
+            self.facts = self.qualifying.facts
         self.lap("qualify")
+
+    def confirm_facts(self, *, wait: bool = True) -> None:
+        """The host's facts, confirmed by the probe (``wait``), or where it has answered already."""
+        if self.qualifying is not None and (wait or self.qualifying.done()):
+            self.qualifying.confirm()
 
     def fetch(self) -> None:
         assert self.python is not None
@@ -180,6 +210,7 @@ class Realization:
         assert self.facts is not None
         self.tc = prepare_toolchain(self.root, self.store, self.recipe, self.toolchain_unpacked, self.facts,
                                     self.reporter)
+        self.confirm_facts(wait=False)
         self.lap("toolchain")
 
     def sources(self) -> None:
@@ -188,6 +219,7 @@ class Realization:
         from hermetic.build.variants import prepare_sources
         self.trees = prepare_sources(self.root, self.store, self.recipe, self.variants, self.reporter, self.share,
                                      offline=self.offline)
+        self.confirm_facts(wait=False)
         self.lap("sources")
 
     def build(self) -> None:
@@ -197,14 +229,19 @@ class Realization:
         from hermetic.build.importcheck import ImportCheck
         from hermetic.build.variants import build_variants
         assert self.facts is not None and self.tc is not None
+        if self.share is not None:  # objects fetched from the remote are stored under keys that name the host
+            self.confirm_facts()
         # the check's interpreter imports torch while the compiles run, where the profile holds no wheels that
         # torch's import could read (they are laid out in step 7): importcheck.py
         self.import_check = ImportCheck(self.root, self.facts["executable"], self.root.profiles / self.name,
                                         build_env(self.root, self.tc.info))
         self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
                                     self.trees, self.reporter, self.counts, self.explain, self.share,
-                                    on_compiles=None if self.unpacked else self.import_check.start)
+                                    on_compiles=None if self.unpacked else self.import_check.start,
+                                    confirm=self.confirm_facts)
         self.report.update(self.built.report)
+        if self.qualifying is not None:
+            self.report["qualification"] = self.qualifying.record()
         self.lap("build")
 
     def materialize(self) -> None:
