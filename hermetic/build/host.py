@@ -130,11 +130,8 @@ class Qualifying:
         self._result: tuple[dict[str, Any] | None, str] = (None, "")
         self._error: BaseException | None = None
 
-    @property
-    def confirmed(self) -> bool:
-        return self._thread is None
-
-    def _start(self) -> None:
+    def start(self) -> None:
+        """The probe, in a thread of its own (the guess in ``facts`` is used meanwhile)."""
         def probe() -> None:
             began = time.monotonic()
             try:
@@ -193,7 +190,7 @@ def start_qualify(root: Root, python: str | None, *, where: str = WHERE, guess: 
     if guessed is None:
         return Qualifying(root, exe, _probed(root, exe, True, *_run_probe(root, exe)), "probe")
     q = Qualifying(root, exe, guessed, "guess")
-    q._start()
+    q.start()
     return q
 
 
