@@ -23,6 +23,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,8 @@ def qualify(root: Root, python: str | None, *, need_torch: bool, where: str = WH
     return _probed(root, exe, need_torch, *_run_probe(root, exe))
 
 
-def _run_probe(root: Root, exe: Path, on_start: Any = None) -> tuple[dict[str, Any] | None, str]:
+def _run_probe(root: Root, exe: Path, on_start: Callable[[int], None] | None = None
+               ) -> tuple[dict[str, Any] | None, str]:
     env = root.child_env()
     # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
     env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
