@@ -50,6 +50,31 @@ def test_gc_drops_exactly_the_unreachable(tmp_path: Path, hermetic: Hermetic, in
     assert not hermetic.root.exists()
 
 
+def test_a_realize_killed_before_its_receipt_after_gc_dropped_the_last_one_is_no_no_op(
+        tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
+    """The crash lab's "receipt" phase on a root gc --drop-root emptied: the killed realize had put the entries
+    and the root back, but neither its receipt nor its record of what it realized (the realize cache), so the
+    record left is the one before gc, naming a receipt gc removed. The next realize is no no-op on that record
+    (it would answer with a missing receipt): it realizes again and writes one."""
+    r1, _ = _two_recipes(tmp_path, index)
+    first = json.loads(hermetic("realize", r1, "--json", check=True).out.splitlines()[-1])
+    records = hermetic.root / "state" / "realize-v1"
+    before_gc = {p: p.read_bytes() for p in records.rglob("*") if p.is_file()}
+    hermetic("gc", "--drop-root", "one", check=True)
+    assert not Path(first["receipt"]).exists()
+    killed = json.loads(hermetic("realize", r1, "--json", check=True).out.splitlines()[-1])
+    os.unlink(killed["receipt"])  # the kill came before the receipt...
+    for p in records.rglob("*"):  # ...and before its record: the one from before gc is what is left
+        if p.is_file():
+            p.unlink()
+    for p, data in before_gc.items():
+        p.write_bytes(data)
+    again = json.loads(hermetic("realize", r1, "--json", check=True).out.splitlines()[-1])
+    assert Path(again["receipt"]).is_file()
+    assert json.loads(hermetic("realize", r1, "--json", check=True).out.splitlines()[-1])["receipt"] == \
+        again["receipt"]  # and then a no-op again, naming that receipt
+
+
 def test_gc_keeps_what_a_root_reaches(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
     r1, _ = _two_recipes(tmp_path, index)
     hermetic("realize", r1, check=True)

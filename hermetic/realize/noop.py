@@ -141,6 +141,10 @@ def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | 
         if not (root.roots / f"{state['name']}.json").exists():
             return None
         receipt = Path(state["receipt"]) if state.get("receipt") else None
+        if receipt is not None and not receipt.exists():
+            # gc --drop-root removed it, and a realize killed after writing the root (before its own receipt
+            # and this record) put the root back: realize again, which writes a receipt this record names
+            return None
         return Outcome(state["name"], fs.resolve(recipe_path), profile, state["tree"], list(state["entries"]),
                        noop_counts(state["counts"]), {}, receipt, changed=False, python=state["python"],
                        archs=list(state["archs"]), cuda=state["cuda"])
