@@ -107,7 +107,8 @@ def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, varian
     archs = recipe.toolchain.archs if recipe.toolchain else ()
     cuda_home = tc.cuda_home if tc else None
     pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, facts)
-    plan = plan_extension(ext, variant, facts, cuda_home, archs, src_root, tree_files, build_dir, pmap)
+    plan = plan_extension(ext, variant, facts, cuda_home, archs, src_root, tree_files, build_dir, pmap,
+                          objdir_temps=bool(tc and tc.objdir_temps))
     env = build_env(root, tc)
     cache = ObjectCache(root, store, toolchain_id, env, host_identity(facts), pmap, hasher)
     choices = [cache.find(c) for c in plan.compiles]

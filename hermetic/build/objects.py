@@ -383,6 +383,8 @@ class ObjectCache:
                     staging.record["packed"] = packed
                 if cost is not None:
                     staging.record["cost"] = cost
+                if "--objdir-as-tempdir" in c.map_flags:
+                    staging.record["temps"] = "objdir"
         self.store.index_add(lk, name)
         return ObjectChoice(c, Decision.COMPILED, name, record=self.store.object_record(name))
 

@@ -117,17 +117,22 @@ def prefix_map(root: Path, source: str, src_root: Path, build_dir: Path, cuda_ho
     return PrefixMap(pairs)
 
 
-def map_flags(pmap: PrefixMap, cuda: bool, canonical_source: str) -> list[str]:
+def map_flags(pmap: PrefixMap, cuda: bool, canonical_source: str, objdir_temps: bool = False) -> list[str]:
     """The flags a prefix map adds to a compile: -ffile-prefix-map for every folder, and nvcc's module id named
-    after the source's fixed name. They follow from the map and the (canonical) command, so keys leave them
-    out and ``verify --rebuild-sample`` derives them again from a build's map."""
-    return [*pmap.compiler_flags(cuda), *(module_id_flags(canonical_source) if cuda else [])]
+    after the source's fixed name; with ``objdir_temps`` (an nvcc that has it), nvcc's intermediate files beside
+    the object, named after it (``x.cuda.o.cudafe1.cpp``, not ``tmpxft_<pid>_<counter>-6_x.cudafe1.cpp``): the
+    object is then the same bytes at every compile, on every machine. They follow from the map, the (canonical)
+    command and the toolchain, so keys leave them out and ``verify --rebuild-sample`` derives them again from a
+    build's map and the object's record."""
+    return [*pmap.compiler_flags(cuda), *(module_id_flags(canonical_source) if cuda else []),
+            *(["--objdir-as-tempdir"] if cuda and objdir_temps else [])]
 
 
 def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda_home: Path | None,
                    archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
-                   pmap: PrefixMap, cxx: str = "c++") -> BuildPlan:
-    """The commands torch's JIT build would run for this extension and variant."""
+                   pmap: PrefixMap, cxx: str = "c++", objdir_temps: bool = False) -> BuildPlan:
+    """The commands torch's JIT build would run for this extension and variant (``objdir_temps``: see
+    ``map_flags``)."""
     torch: dict[str, Any] = facts["torch"]
     module = variant.module or ext.name
     rels = select_sources(tree_files, ext.sources, ext.exclude)
@@ -169,7 +174,8 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
         compiler = [str(cuda_home / "bin" / "nvcc")] if cuda and cuda_home else [cxx]
         argv = (*compiler, *(cuda_flags if cuda else cflags), "-c", src, "-o", obj)
         compiles.append(Compile(src, rel, obj, cuda, argv, obj + ".d",
-                                tuple(map_flags(pmap, cuda, pmap.canonical_path(src))), unmappable(argv, cuda)))
+                                tuple(map_flags(pmap, cuda, pmap.canonical_path(src), objdir_temps)),
+                                unmappable(argv, cuda)))
 
     ldflags = ["-shared", *ext.ldflags, f"-L{torch['lib']}", "-lc10"]
     if with_cuda:

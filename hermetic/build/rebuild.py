@@ -1,9 +1,12 @@
 """verify --rebuild-sample: compile stored objects again and compare, to catch a wrong object that every
 hash check passes (one compiled with a different flag and filed under the wrong key, say).
 
-Objects are compared after masking what nvcc makes differ from run to run: the names of its temporary
-files (``tmpxft_<pid>_<counter>-<n>_``), which land in the host object's symbol table, also as the static
-initializer ``_GLOBAL__sub_I_tmpxft_<pid>_<counter>_<n>_`` (the dash mangled to an underscore).
+An object is compiled again as it was: with nvcc's intermediate files beside it when its record says so
+(``temps: objdir``, ``plan.map_flags``), and then compared byte for byte. Objects an nvcc put its temporary
+files in TMPDIR for (an older hermetic, an nvcc before 12.4) are compared after masking what that makes differ
+from run to run: the temporary files' names (``tmpxft_<pid>_<counter>-<n>_``), which land in the host
+object's symbol table, also as the static initializer ``_GLOBAL__sub_I_tmpxft_<pid>_<counter>_<n>_`` (the
+dash mangled to an underscore).
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str, pmap: Pre
     canonical = rec["command"]
     command = pmap.local(canonical)
     cuda = command[0].endswith("nvcc")
-    argv = [command[0], *map_flags(pmap, cuda, canonical[canonical.index("-c") + 1]), *command[1:]]
+    objdir_temps = rec.get("temps") == "objdir"
+    argv = [command[0], *map_flags(pmap, cuda, canonical[canonical.index("-c") + 1], objdir_temps), *command[1:]]
     # the build's own folder (the compilation folder is in debug information, mapped)
     build_dir = pmap.local_path("/".join(rec["output"].split("/")[:4]))
     with fs.scratch_dir(root.tmp, "rebuild-") as work_dir:
@@ -99,6 +103,8 @@ def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str, pmap: Pre
     stored = object_bytes(store, rec)
     if stored is None:
         return Rebuilt(name, source, "mismatch", "the stored object does not hash to its record")
+    if objdir_temps and fresh != stored:
+        return Rebuilt(name, source, "mismatch", f"recompiled object differs ({len(fresh)} vs {len(stored)} bytes)")
     if normalized(fresh) != normalized(stored):
         return Rebuilt(name, source, "mismatch",
                        f"recompiled object differs ({len(fresh)} vs {len(stored)} bytes after masking temp names)")

@@ -56,6 +56,14 @@ class ToolchainInfo:
     def release(self) -> str:
         return ".".join(self.nvcc_version.split(".")[:2])
 
+    @property
+    def objdir_temps(self) -> bool:
+        """Whether this nvcc has --objdir-as-tempdir (documented from CUDA 12.4): its intermediate files then lie
+        beside the object, named after it rather than after nvcc's process id, so the names that land in the
+        object (its static initializer's symbol among them) are the same at every compile."""
+        major, minor = (int(x) for x in self.nvcc_version.split(".")[:2])
+        return (major, minor) >= (12, 4)
+
 
 def inspect_toolchain(root: Root, profile: Path, toolchain: Toolchain, entry: str) -> ToolchainInfo:
     cuda_home = profile / cuda_home_rel(toolchain)

@@ -233,7 +233,7 @@ class Planner:
                 build_dir = self.root.path / "build" / recipe.name / variant.name / ext.name
                 pmap = prefix_map(self.root.path, ext.source, src_root, build_dir, info.cuda_home, facts)
                 bplan = plan_extension(ext, variant, facts, info.cuda_home, recipe.toolchain.archs, src_root,
-                                       tree_files, build_dir, pmap)
+                                       tree_files, build_dir, pmap, objdir_temps=info.objdir_temps)
                 cache = ObjectCache(self.root, self.store, tc_id, build_env(self.root, info), host_identity(facts),
                                     pmap, hasher)
                 previous = previous_objects(self.store, self.root.cache("builds").get(

@@ -124,6 +124,7 @@ class ObjectRecord(TypedDict):
     refs: list[str]
     packed: NotRequired[Packed]
     cost: NotRequired[CompileCost]     # what its compile took (not part of any key)
+    temps: NotRequired[Literal["objdir"]]  # nvcc wrote its intermediate files beside the object (deterministic)
 
 
 class ModuleRecord(TypedDict):

@@ -424,10 +424,12 @@ class CrashLab:
     def _check_recovery(self, t: Trial, run: Result) -> None:
         assert self.reference is not None and self.reference_raw is not None
         data = self._module_bytes()
+        # nvcc's intermediate files are named after the object (--objdir-as-tempdir): byte for byte, unmasked
         if data == self.reference_raw:
             t.module_identical = "bytes"
         elif normalized(data) == self.reference:
             t.module_identical = "normalized"
+            t.problems.append("the module differs from the uninterrupted build's but for nvcc's temp names")
         else:
             t.problems.append("the module differs from the uninterrupted build's (after masking nvcc temp names)")
         counts = run.result.get("counts", {})
