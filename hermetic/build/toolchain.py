@@ -61,8 +61,8 @@ class ToolchainInfo:
         """Whether this nvcc has --objdir-as-tempdir (documented from CUDA 12.4): its intermediate files then lie
         beside the object, named after it rather than after nvcc's process id, so the names that land in the
         object (its static initializer's symbol among them) are the same at every compile."""
-        major, minor = (int(x) for x in self.nvcc_version.split(".")[:2])
-        return (major, minor) >= (12, 4)
+        m = re.match(r"(\d+)\.(\d+)", self.nvcc_version)
+        return m is not None and (int(m.group(1)), int(m.group(2))) >= (12, 4)  # unknown: nvcc's default
 
 
 def inspect_toolchain(root: Root, profile: Path, toolchain: Toolchain, entry: str) -> ToolchainInfo:
