@@ -136,17 +136,38 @@ def test_export_stream_puts_similar_bytes_together() -> None:
     assert stream_order(blobs, sizes) == ["c1", "n1", "p1", "t1", "h1", "h2", "x1"]
 
 
+def _flipped(data: bytes, pos: int) -> bytes:
+    out = bytearray(data)
+    out[pos] ^= 0x40
+    return bytes(out)
+
+
+def _decoded(data: bytes) -> bytes | None:
+    """The archive's content as zstd decodes it whole (its checksum checked), None if it cannot."""
+    import io
+
+    import zstandard
+    try:
+        with zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(io.BytesIO(data)) as r:
+            return r.read()
+    except zstandard.ZstdError:
+        return None
+
+
 def test_import_refuses_a_flipped_byte(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
     r1, _ = _two_recipes(tmp_path, index)
     hermetic("realize", r1, check=True)
     archive = tmp_path / "closure.tar.zst"
     hermetic("export", archive, check=True)
-    data = bytearray(archive.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    archive.write_bytes(bytes(data))
+    good = archive.read_bytes()
+    # the first byte from the middle on whose flip changes what the archive holds: some bits of a zstd frame
+    # do not (a Huffman or FSE description that decodes alike), and an archive that holds the same bytes is
+    # rightly imported (about 1 flip in 500 on this archive, the flaky case this loop excludes)
+    pos = next(p for p in range(len(good) // 2, len(good)) if _decoded(_flipped(good, p)) != _decoded(good))
+    archive.write_bytes(_flipped(good, pos))
     other = tmp_path / "other-root"
     res = hermetic("import", archive, root=other)
-    assert res.rc == 2 and "Traceback" not in res.err and "closure.tar.zst" in res.err
+    assert res.rc == 2 and "Traceback" not in res.err and "closure.tar.zst" in res.err, (pos, res.err)
     entries = other / "store" / "entries"
     assert not entries.exists() or not any(entries.iterdir())
     blobs = other / "store" / "blobs"
