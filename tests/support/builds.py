@@ -123,9 +123,10 @@ def local_command(root: Path, entry: str) -> list[str]:
         cert = read_certificate(store, blob)
         if any(o.get("entry") == entry for o in cert["objects"]):
             pmap = PrefixMap((lo, f) for lo, f in cert["prefix_map"])
-            canonical = store.object_record(entry)["command"]
+            rec = store.object_record(entry)
+            canonical = rec["command"]
             command = pmap.local(canonical)
             flags = map_flags(pmap, command[0].endswith("nvcc"), canonical[canonical.index("-c") + 1],
-                              store.object_record(entry).get("temps") == "objdir")
+                              rec.get("temps") == "objdir")
             return [command[0], *flags, *command[1:]]
     raise AssertionError(f"no build of {root} uses {entry}")
