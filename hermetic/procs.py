@@ -349,3 +349,60 @@ def run_probe(argv: list[str], *, env: dict[str, str], cwd: str,
         return None, text
     result: dict[str, Any] = json.loads(found[-1][len(RESULT_MARK):])
     return result, text
+
+
+class BackgroundProbe:
+    """``run_probe`` in a thread of its own, for an answer wanted later (``join``) or never (``cancel``).
+    ``cancel`` stops the probe at any moment: one whose process has not started yet is killed the moment it
+    starts, so nobody waits for an answer no one wants (an ``import torch`` takes seconds)."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, name: str) -> None:
+        self.argv, self.env, self.cwd, self.name = argv, env, cwd, name
+        self.seconds: float | None = None   # how long the probe took, once it ended
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._cancelled = False
+        self._result: tuple[dict[str, Any] | None, str] = (None, "")
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        def probe() -> None:
+            began = time.monotonic()
+            try:
+                if not self._cancelled:
+                    self._result = run_probe(self.argv, env=self.env, cwd=self.cwd, on_start=self._started)
+            except BaseException as e:  # raised where the answer is asked for
+                self._error = e
+            self.seconds = round(time.monotonic() - began, 4)
+        self._thread = threading.Thread(target=probe, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _started(self, pid: int) -> None:
+        with self._lock:
+            self._pid = pid
+            if self._cancelled:
+                kill_session(pid)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until the probe has ended."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def join(self) -> tuple[dict[str, Any] | None, str]:
+        """The probe's (result, other output), waiting for it; what it raised is raised here."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def cancel(self) -> None:
+        """Stop the probe now, wherever it is, and wait for its thread (which then ends at once)."""
+        with self._lock:
+            self._cancelled = True
+            if self._pid is not None:
+                kill_session(self._pid)
+        self.wait()

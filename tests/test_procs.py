@@ -1,12 +1,14 @@
 """Children under the reaper with a time limit: a real GNU patch that hangs (blocked opening a FIFO nobody
 will write again) and a real tool that never answers are stopped at their limit, and nothing of them
 survives; patch is the system's, whatever PATH says. The session's limit and a program that cannot start
-behave the same inside the sandbox (bubblewrap, where it is installed)."""
+behave the same inside the sandbox (bubblewrap, where it is installed). A background probe (the qualification,
+the import check) cancelled stops at once, even one whose process had not started yet."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ from hermetic import sandbox
 from hermetic.build import toolchain
 from hermetic.build.sources import apply_patch
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
-from hermetic.procs import Limits, TimedOut, exec_failure, run_limited
+from hermetic.procs import BackgroundProbe, Limits, TimedOut, exec_failure, run_limited
 from hermetic.root import Root
 from tests.support.reliability import live_commands, survivors
 
@@ -144,3 +146,34 @@ def test_a_program_that_cannot_start_is_said_plainly(tmp_path: Path, where: Wher
     root.ensure()
     with where(), pytest.raises(PreconditionFailed, match="cannot run .*no-such-nvcc"):
         toolchain._cached_output(root, tmp_path / "no-such-nvcc", ["--version"], str.strip)
+
+
+SLOW_PROBE = "import sys, time; time.sleep(30); print('hermetic-probe-result: {}')"
+
+
+@pytest.mark.parametrize("moment", ["before its process starts", "while its process runs"])
+def test_a_cancelled_background_probe_stops_at_once(tmp_path: Path, moment: str) -> None:
+    # a realize that fails while the qualification probe (or the import check) imports torch must not wait for
+    # it: cancel kills the probe's process, and one cancelled before its process started is killed as it starts
+    marker = f"probe-{os.getpid()}-{moment.split()[0]}"
+    for _ in range(3 if moment.startswith("before") else 1):  # the moment is a few milliseconds wide
+        probe = BackgroundProbe([sys.executable, "-c", SLOW_PROBE, marker], env=dict(os.environ),
+                                cwd=str(tmp_path), name="test-probe")
+        probe.start()
+        if moment.startswith("while"):
+            end = time.monotonic() + 30
+            while not _alive_with(marker):
+                assert time.monotonic() < end, "the probe never started"
+                time.sleep(0.02)
+        began = time.monotonic()
+        probe.cancel()
+        assert time.monotonic() - began < 10, "cancel waited for the probe"
+        assert probe.join()[0] is None and not probe.alive()
+        assert _alive_with(marker) == []
+    # cancelled before it was started: it never runs
+    idle = BackgroundProbe([sys.executable, "-c", SLOW_PROBE, marker], env=dict(os.environ), cwd=str(tmp_path),
+                           name="test-probe")
+    idle.cancel()
+    idle.start()
+    idle.wait()
+    assert idle.join() == (None, "") and _alive_with(marker) == []

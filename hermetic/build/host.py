@@ -21,14 +21,12 @@ import ast
 import os
 import re
 import sys
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hermetic.errors import PreconditionFailed
 from hermetic.interpreter import WHERE, find_python
+from hermetic.procs import BackgroundProbe, run_probe
 from hermetic.root import Root
 from hermetic.store.records import HostIdentity
 
@@ -88,15 +86,20 @@ def qualify(root: Root, python: str | None, *, need_torch: bool, where: str = WH
     return _probed(root, exe, need_torch, *_run_probe(root, exe))
 
 
-def _run_probe(root: Root, exe: Path, on_start: Callable[[int], None] | None = None
-               ) -> tuple[dict[str, Any] | None, str]:
+def _probe_argv(root: Root, exe: Path) -> tuple[list[str], dict[str, str], str]:
+    """The probe's command, environment and folder."""
     env = root.child_env()
     # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
     env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
                CUDA_VISIBLE_DEVICES="", PYTHONNOUSERSITE="1")
     root.tmp.mkdir(parents=True, exist_ok=True)
-    from hermetic.procs import run_probe  # in a session of its own: it dies with hermetic, like a compiler
-    return run_probe([str(exe), "-c", _PROBE], env=env, cwd=str(root.tmp), on_start=on_start)
+    return [str(exe), "-c", _PROBE], env, str(root.tmp)
+
+
+def _run_probe(root: Root, exe: Path) -> tuple[dict[str, Any] | None, str]:
+    argv, env, cwd = _probe_argv(root, exe)
+    # in a session of its own: it dies with hermetic, like a compiler
+    return run_probe(argv, env=env, cwd=cwd)
 
 
 def _probed(root: Root, exe: Path, need_torch: bool, found: dict[str, Any] | None, output: str) -> dict[str, Any]:
@@ -126,55 +129,44 @@ class Qualifying:
     def __init__(self, root: Root, exe: Path, facts: dict[str, Any], source: str) -> None:
         self.root, self.exe, self.facts = root, exe, facts
         self.source = source                      # "cache", "probe" or "guess"
-        self.probe_s: float | None = None         # how long the probe took, where one ran
-        self._thread: threading.Thread | None = None
-        self._pid: int | None = None
-        self._result: tuple[dict[str, Any] | None, str] = (None, "")
-        self._error: BaseException | None = None
+        self._probe: BackgroundProbe | None = None
+        self._probe_s: float | None = None        # how long the probe took, where one ran
 
     def start(self) -> None:
         """The probe, in a thread of its own (the guess in ``facts`` is used meanwhile)."""
-        def probe() -> None:
-            began = time.monotonic()
-            try:
-                self._result = _run_probe(self.root, self.exe, on_start=self._started)
-            except BaseException as e:  # raised where the answer is asked for
-                self._error = e
-            self.probe_s = round(time.monotonic() - began, 4)
-        self._thread = threading.Thread(target=probe, name="qualify", daemon=True)
-        self._thread.start()
+        argv, env, cwd = _probe_argv(self.root, self.exe)
+        self._probe = BackgroundProbe(argv, env=env, cwd=cwd, name="qualify")
+        self._probe.start()
 
-    def _started(self, pid: int) -> None:
-        self._pid = pid
+    @property
+    def probe_s(self) -> float | None:
+        return self._probe.seconds if self._probe is not None else self._probe_s
 
     def done(self) -> bool:
         """The probe has answered (or none runs): ``confirm`` will not wait."""
-        return self._thread is None or not self._thread.is_alive()
+        return self._probe is None or not self._probe.alive()
 
     def confirm(self) -> dict[str, Any]:
         """The facts, confirmed: waits for the probe where one runs. Its answer is cached; one that differs
         from the guess raises GuessWrong, one without torch PreconditionFailed."""
-        if self._thread is None:
+        if self._probe is None:
             return self.facts
-        self._thread.join()
-        self._thread = self._pid = None
-        if self._error is not None:
-            raise self._error
-        found = _probed(self.root, self.exe, True, *self._result)
+        probe, self._probe = self._probe, None
+        result = probe.join()
+        self._probe_s = probe.seconds
+        found = _probed(self.root, self.exe, True, *result)
         differ = _differ(self.facts, found)
         if differ:
             raise GuessWrong(differ)
         return self.facts
 
     def cancel(self) -> None:
-        """Not needed any more (the realize failed): stop the probe now."""
-        if self._thread is None:
+        """Not needed any more (the realize failed): stop the probe now, started or not."""
+        if self._probe is None:
             return
-        if self._pid is not None:
-            from hermetic.procs import kill_session
-            kill_session(self._pid)
-        self._thread.join()
-        self._thread = self._pid = None
+        probe, self._probe = self._probe, None
+        probe.cancel()
+        self._probe_s = probe.seconds
 
     def record(self) -> dict[str, Any]:
         """What the receipt says of it."""

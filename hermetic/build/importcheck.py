@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -73,32 +72,20 @@ class ImportCheck:
         self.started_early = False
         self._gate: Path | None = None
         self._fd: int | None = None
-        self._pid: int | None = None
-        self._thread: threading.Thread | None = None
-        self._result: tuple[dict[str, Any] | None, str] = (None, "")
-        self._error: BaseException | None = None
+        self._probe: procs.BackgroundProbe | None = None
 
     def start(self, *, early: bool = True) -> None:
         """Start the interpreter; it imports torch and waits for the names."""
-        if self._thread is not None:
+        if self._probe is not None:
             return
         self.started_early = early
         self.root.tmp.mkdir(parents=True, exist_ok=True)
         self._gate = self.root.tmp / f"import-check-{os.getpid()}-{next(_SERIAL)}"
         os.mkfifo(self._gate, 0o600)
         self._fd = os.open(self._gate, os.O_RDWR)  # a reader and a writer: neither end's open waits
-
-        def probe() -> None:
-            try:
-                self._result = procs.run_probe([self.python, "-c", _PROBE, str(self._gate)], env=self.env,
-                                               cwd=str(self.root.tmp), on_start=self._started)
-            except BaseException as e:  # raised where the check is asked for
-                self._error = e
-        self._thread = threading.Thread(target=probe, name="import-check", daemon=True)
-        self._thread.start()
-
-    def _started(self, pid: int) -> None:
-        self._pid = pid
+        self._probe = procs.BackgroundProbe([self.python, "-c", _PROBE, str(self._gate)], env=self.env,
+                                            cwd=str(self.root.tmp), name="import-check")
+        self._probe.start()
 
     def run(self, modules: list[str], tree: str) -> dict[str, Any]:
         """The check of ``modules`` in ``tree``: once per tree (cached by its content-addressed name), so a
@@ -109,16 +96,15 @@ class ImportCheck:
             self.cancel()
             return cached
         self.start(early=False)
-        assert self._fd is not None and self._thread is not None
+        assert self._fd is not None and self._probe is not None
         try:
             os.write(self._fd, (" ".join(modules) + "\n").encode())
         except OSError:
             pass  # the interpreter is gone already: its output says why
-        self._thread.join()  # hermetic's end stays open until then: a pipe no one holds loses what it was told
-        self._finish()
-        if self._error is not None:
-            raise self._error
-        found, output = self._result
+        try:  # hermetic's end stays open until the answer: a pipe no one holds loses what it was told
+            found, output = self._probe.join()
+        finally:
+            self._finish()
         if found is None:
             raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
                              where=str(self.profile), hint="a module that builds but does not import: see the error")
@@ -138,10 +124,9 @@ class ImportCheck:
 
     def cancel(self) -> None:
         """Not needed (a failed build, a cached check): stop the interpreter now, wherever it is."""
-        if self._thread is None:
+        if self._probe is None:
             return
-        if self._pid is not None:
-            procs.kill_session(self._pid)
+        self._probe.cancel()
         self._finish()
 
     def _finish(self) -> None:
@@ -150,9 +135,9 @@ class ImportCheck:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = self._pid = None
+        if self._probe is not None:
+            self._probe.wait()
+            self._probe = None
         if self._gate is not None:
             self._gate.unlink(missing_ok=True)
             self._gate = None
