@@ -181,7 +181,7 @@ ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixtur
     assert _normalize(list(plan.link_argv)) == _normalize(theirs["<link>"])
 
 
-def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> None:
+def test_cold_order_counts_the_local_headers_a_unit_includes_and_its_own_source_twice(tmp_path: Path) -> None:
     from hermetic.build.extension import cold_weight
     from hermetic.build.plan import Compile
     (tmp_path / "inc").mkdir()
@@ -191,16 +191,20 @@ def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> 
     def c(name: str) -> Compile:
         src = str(tmp_path / name)
         return Compile(src, name, src + ".o", False, ("c++", f"-I{tmp_path / 'inc'}", "-c", src), src + ".d")
-    assert cold_weight(c("bind.cpp")) == len('#include "big.h"\n#include "missing.h"\n#include <vector>\n') + 28000
-    assert cold_weight(c("bind.cpp")) > cold_weight(c("kern.cu")) == 7000 > cold_weight(c("gone.cpp")) == 0
+    assert cold_weight(c("bind.cpp")) == 2 * len('#include "big.h"\n#include "missing.h"\n#include <vector>\n') + 28000
+    assert cold_weight(c("bind.cpp")) > cold_weight(c("kern.cu")) == 14000 > cold_weight(c("gone.cpp")) == 0
+    # a unit's own code is compiled whole, a header's templates only in part: 16,000 bytes of its own
+    # outweigh 28,000 reached through a header (exllamav3's cpu/moe_mul1.cpp against its instantiation units)
+    (tmp_path / "own.cpp").write_text("int z;\n" * 2286)
+    assert cold_weight(c("own.cpp")) == 2 * 16002 > cold_weight(c("bind.cpp"))
     # an instantiation unit reaches its kernels through its header's own includes, each file counted once
     # (the cycle too), whichever folder it is found in
     (tmp_path / "inst.cuh").write_text('#include "inc/kernels.cuh"\n#include "inst.cuh"\n')
     (tmp_path / "inc" / "kernels.cuh").write_text('#include "big.h"\n#include "../inst.cuh"\n' + "k;\n" * 3000)
     (tmp_path / "inst_k8.cu").write_text('#include "inst.cuh"\n')
     kernels = len('#include "big.h"\n#include "../inst.cuh"\n') + 9000
-    assert cold_weight(c("inst_k8.cu")) == len('#include "inst.cuh"\n') + (tmp_path / "inst.cuh").stat().st_size \
-        + kernels + 28000
+    assert cold_weight(c("inst_k8.cu")) == 2 * len('#include "inst.cuh"\n') \
+        + (tmp_path / "inst.cuh").stat().st_size + kernels + 28000
     memo: dict[str, tuple[int, list[str]]] = {}
     assert cold_weight(c("inst_k8.cu"), memo) == cold_weight(c("inst_k8.cu"), memo) > cold_weight(c("bind.cpp"))
     # a header the compiler finds outside the unit's tree (torch's, CUDA's: common to every unit) is not
@@ -213,7 +217,7 @@ def test_cold_order_counts_the_local_headers_a_unit_includes(tmp_path: Path) -> 
     (tree / "uses_torch.cu").write_text('#include "torch_big.h"\n')
     src = str(tree / "uses_torch.cu")
     unit = Compile(src, "uses_torch.cu", src + ".o", True, ("nvcc", f"-I{outside}", "-c", src), src + ".d")
-    assert cold_weight(unit) == len('#include "torch_big.h"\n')
+    assert cold_weight(unit) == 2 * len('#include "torch_big.h"\n')
 
 
 def _torch_commands(ninja: Path) -> dict[str, list[str]]:

@@ -156,14 +156,16 @@ _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
 
 
 def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = None) -> int:
-    """A compile's cost guessed without a previous compile of it: the bytes of its source and of every local
-    header it reaches through ``#include "..."`` (found next to the including file, else in a -I folder),
-    each counted once, as long as it lies in the unit's own source tree. The system's, CUDA's and torch's
-    headers are common to every unit (and reached through quoted includes too, where the compiler finds them
-    in their -I folders), so the project's own code a unit pulls in is what sets units apart: exllamav3's
-    bindings.cpp includes every header of its extension, and a template-instantiation unit (a few lines
-    naming one ``*_instances.cuh``) reaches the kernels it instantiates only through that header's own
-    includes (docs/builds.md, "The order of a cold build").
+    """A compile's cost guessed without a previous compile of it: the bytes of its source, counted twice, and
+    of every local header it reaches through ``#include "..."`` (found next to the including file, else in a
+    -I folder), each counted once, as long as it lies in the unit's own source tree. The system's, CUDA's
+    and torch's headers are common to every unit (and reached through quoted includes too, where the
+    compiler finds them in their -I folders), so the project's own code a unit pulls in is what sets units
+    apart: exllamav3's bindings.cpp includes every header of its extension, and a template-instantiation
+    unit (a few lines naming one ``*_instances.cuh``) reaches the kernels it instantiates only through that
+    header's own includes. The source itself is compiled whole, where a header's templates are instantiated
+    only in part: counted twice, exllamav3's ``cpu/moe_mul1.cpp`` (191 KB of its own, the longest compile)
+    starts first (docs/builds.md, "The order of a cold build").
     ``sizes`` memoizes (size, quoted includes) per file across units."""
     memo = {} if sizes is None else sizes
     dirs = [a[2:] for a in c.argv if a.startswith("-I") and len(a) > 2]
@@ -171,7 +173,8 @@ def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = Non
     inside = os.path.normpath(tree) + os.sep
     total = 0
     seen: set[str] = set()
-    stack = [os.path.normpath(c.source)]
+    source = os.path.normpath(c.source)
+    stack = [source]
     while stack:
         path = stack.pop()
         if path in seen:
@@ -185,7 +188,7 @@ def cold_weight(c: Compile, sizes: dict[str, tuple[int, list[str]]] | None = Non
             memo[path] = (0, []) if data is None else \
                 (len(data), [os.fsdecode(n) for n in dict.fromkeys(_LOCAL_INCLUDE.findall(data))])
         size, names = memo[path]
-        total += size
+        total += 2 * size if path == source else size
         for name in names:
             for d in (os.path.dirname(path), *dirs):
                 q = os.path.normpath(os.path.join(d, name))
