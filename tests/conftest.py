@@ -7,6 +7,8 @@ test wheels and locks), ``trees`` (listings of trees and stores), and one module
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,40 @@ from tests.support import cli
 from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.clients import make_client_venv
 from tests.support.index import LoopbackIndex, serve_index
+
+# Everything the tests and the tools they run write stays in the repository's ignored .cache/ (README): pytest's
+# temp folders (BASETEMP, for one run: pytest empties it when the next starts, and a green run removes it), the
+# temp files of the tests and of every process they start (TMPDIR: torch's Inductor, pip, openssl), and the
+# caches a tool keeps in the home folder otherwise (matplotlib's font cache and config, pip's and uv's caches,
+# torch's, triton's, CUDA's compute cache). hermetic's own children get the root's; these are for the rest.
+CACHE = REPO / ".cache"
+BASETEMP = CACHE / "pytest"
+CONTAINED = {"TMPDIR": CACHE / "tmp", "MPLCONFIGDIR": CACHE / "matplotlib", "XDG_CACHE_HOME": CACHE / "xdg-cache",
+             "TRITON_CACHE_DIR": CACHE / "triton", "CUDA_CACHE_PATH": CACHE / "nv"}
+for _key, _folder in CONTAINED.items():
+    _folder.mkdir(parents=True, exist_ok=True)
+    os.environ[_key] = str(_folder)
+
+
+_OURS = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest's temp folders under .cache/pytest unless --basetemp names others (set before pytest's tmpdir
+    plugin reads the option)."""
+    if config.option.basetemp is None:
+        config.option.basetemp = str(BASETEMP)
+        config.stash[_OURS] = True
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A green run leaves no temp folders behind (the stores in them hold read-only folders: made writable)."""
+    if exitstatus == 0 and session.config.stash.get(_OURS, False) and BASETEMP.is_dir():
+        for folder, _dirs, _files in os.walk(BASETEMP):
+            if not os.path.islink(folder):
+                os.chmod(folder, stat.S_IRWXU)
+        shutil.rmtree(BASETEMP, ignore_errors=True)
 
 
 def require_all() -> bool:
