@@ -32,7 +32,15 @@ from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.run.analysis import analyze
 from hermetic.run.devices import cpu_facts, gpu_preconditions, lock_dir, pick_device, take_lock
-from hermetic.run.digests import check_digests, combine, device_class, receipt_facts, record_reference, split_by_class
+from hermetic.run.digests import (
+    RECEIPTS,
+    check_digests,
+    combine,
+    device_class,
+    receipt_facts,
+    record_reference,
+    split_by_class,
+)
 from hermetic.run.spec import Runner, load_runner
 from hermetic.store import entry_ref
 
@@ -325,7 +333,8 @@ class Measurement:
         t = time.monotonic()
         analysis = analyze(raw, runner, kind)
         cls = device_class(kind, raw["environment"])
-        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]))
+        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]),
+                         device_class=cls)
         self.digest_groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
         dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(self.body),
                                      recording=self.record_digests) for c, group in self.digest_groups.items()])
@@ -390,7 +399,8 @@ class Measurement:
                 path = record_reference(group, self.runner.digests, cls, runner_name=name, receipt=receipt,
                                         receipt_body=self.body)
                 self.reporter.event("run-record", f"recorded {len(group)} reference digests in {path}, "
-                                                  f"pinned to receipt {receipt.name}", path=str(path))
+                                                  f"pinned to receipt {receipt.name} (copied to "
+                                                  f"{path.parent / RECEIPTS}: commit both)", path=str(path))
         return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
 
 
