@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from tests.support.cli import Hermetic
@@ -165,3 +166,35 @@ def test_network_failures_exit_1(tmp_path: Path, hermetic: Hermetic, index: Loop
     _assert_clean_failure(res, 1, "truncated")
     assert not (hermetic.root / "profiles" / "net").exists()
 
+
+
+SYSTEM_NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 12.0: a system CUDA'\n"
+CUDA_PROBE = "import shutil, torch.utils.cpp_extension as c; print(c.CUDA_HOME, shutil.which('nvcc'))"
+
+
+def test_env_shows_no_system_cuda_and_each_folder_once(tmp_path: Path, hermetic: Hermetic,
+                                                        index: LoopbackIndex) -> None:
+    """Without a toolchain, what `hermetic env` runs sees no CUDA: not the caller's CUDA_HOME, not an nvcc on
+    the caller's PATH, not /usr/local/cuda (torch's last guess, and this machine's system CUDA where it has one);
+    and the caller's venv bin, which the environment puts first itself, is on PATH once."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    system = tmp_path / "usr-local-cuda"  # a system CUDA of the caller's: its nvcc on PATH, named by CUDA_HOME
+    (system / "bin").mkdir(parents=True)
+    (system / "bin" / "nvcc").write_text(SYSTEM_NVCC)
+    (system / "bin" / "nvcc").chmod(0o755)
+    venv_bin = str(Path(sys.executable).parent)  # as an activated venv has it: first on PATH
+    caller = {"PATH": os.pathsep.join([venv_bin, str(system / "bin"), os.environ["PATH"]]),
+              "CUDA_HOME": str(system), "CUDA_PATH": str(system)}
+    r = hermetic("env", recipe, "--", "python", "-c", CUDA_PROBE, env=caller)
+    assert r.rc == 0, r.err
+    cuda_home, nvcc = r.out.split()
+    assert cuda_home == str(hermetic.root / "tmp" / "no-cuda") and not os.path.exists(cuda_home)
+    assert nvcc == "None" and "/usr/local" not in r.out + r.err
+    printed = hermetic("env", recipe, "--json", env=caller, check=True).result["env"]
+    assert printed["CUDA_HOME"] == printed["CUDA_PATH"] == cuda_home
+    path = printed["PATH"].split(os.pathsep)
+    assert path.count(venv_bin) == 1 and str(system / "bin") not in path
+    assert path[0] == str(hermetic.root / "profiles" / "env1" / "bin")

@@ -120,6 +120,16 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     assert (run_dir / "report.md").read_text().startswith("# hermetic run: draft on the cpu")
     assert (run_dir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run_root[1].glob("cpu-*.lock"))
+    # the measuring process saw the P2P recipe's toolchain as its CUDA, never a system one (torch logs the
+    # CUDA_HOME it takes into worker.log where no GPU is found)
+    seen = receipt["environment"]["env"]
+    assert seen["CUDA_HOME"].startswith(str(run_root[0] / "store")) and seen["CUDA_HOME"].endswith("/nvidia/cu13")
+    assert seen["PATH"].split(":")[0] == seen["CUDA_HOME"] + "/bin"
+    assert "/usr/local" not in (run_dir / "worker.log").read_text()
+    # nothing that decides no bit is reported as changed (the interpreter's path, how the capability was chosen):
+    # a matching reference, pinned, names no difference from this run
+    if dig["status"] == "match" and dig["drift"]["pinned"]:
+        assert dig["drift"]["differences"] == [], dig["drift"]
 
 
 def test_the_avx2_class_is_measured_and_matched_here_through_aten_cpu_capability(run_root: tuple[Path, Path],

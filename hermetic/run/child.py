@@ -384,7 +384,8 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any], kernels: di
         "kernel_sets": kernel_set_facts(kernels),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
                                                "ATEN_CPU_CAPABILITY", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
-                                               "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH")},
+                                               "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH",
+                                               "CUDA_HOME", "PATH")},
     }
     if plan["device"] == "cuda":
         p = torch.cuda.get_device_properties(0)

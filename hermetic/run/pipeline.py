@@ -57,7 +57,9 @@ class RunOutcome:
 # realize ---------------------------------------------------------------------------------------------------
 def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None,
                 offline: bool = False, sandbox: str | None = None) -> list[dict[str, Any]]:
+    from hermetic.realize.env import toolchain_home
     from hermetic.realize.noop import noop_check
+    from hermetic.recipe import load_recipe
     out = []
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
@@ -65,10 +67,12 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
             from hermetic.realize.pipeline import realize
             outcome = realize(root, path, reporter, remote=remote, offline=offline, sandbox=sandbox)
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
+        cuda_home = toolchain_home(root, load_recipe(path))
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
                     "receipt": str(outcome.receipt) if outcome.receipt else None,
-                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda})
+                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda,
+                    "cuda_home": str(cuda_home) if cuda_home else None})
         reporter.event("run-realize", f"{'realized' if outcome.changed else 'up to date:'} {outcome.name}")
     return out
 
@@ -76,10 +80,15 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
 # the measuring process -------------------------------------------------------------------------------------
 def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, Any]], gpu_uuids: list[str]
               ) -> dict[str, str]:
-    """A cleared environment: only what the run sets, caches inside the root, realized modules first."""
+    """A cleared environment: only what the run sets, caches inside the root, realized modules first, and the
+    first realized toolchain as CUDA_HOME and on PATH (none without one: never a system CUDA)."""
     spec = runner.device(kind)
+    toolchain = next((r["cuda_home"] for r in realized if r.get("cuda_home")), None)
     base = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     env = root.child_env(base)
+    if toolchain:
+        env["CUDA_HOME"] = env["CUDA_PATH"] = toolchain
+        env["PATH"] = f"{toolchain}/bin:{env['PATH']}"
     threads = str(spec.threads)
     paths = [r["profile"] for r in realized] + [str(Path(__file__).resolve().parents[2])]
     env.update({
