@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,17 @@ def test_realize_then_noop_touches_nothing_and_asks_no_index(tmp_path: Path, her
     first = hermetic("realize", recipe, "--json", check=True)
     result = json.loads(first.out.splitlines()[-1])
     assert result["counts"]["fetched"] == 2 and result["changed"] is True
+    # the fetch is said as it starts, before the index is asked, naming what the store lacks
+    kinds = [r.get("event") for r in first.records]
+    assert kinds.index("fetch-start") < kinds.index("fetched")
+    (start,) = [r["message"] for r in first.records if r.get("event") == "fetch-start"]
+    assert start == "fetching 2 wheels the store lacks: alpha==1.0, beta==2.0", start
+    # one duration, the receipt's, in the closing line
+    total = json.loads(Path(result["receipt"]).read_text())["timings"]["total"]
+    assert total == result["timings"]["total"] > 0
+    (done,) = [r["message"] for r in first.records if r.get("event") == "done"]
+    assert done.endswith(f"(2 wheels: 2 fetched, 2 unpacked, 0 reused; {result['counts']['files']} files; "
+                         f"{total:.1f} s)"), done
     profile = hermetic.root / "profiles" / "env1"
     assert (profile / "alpha" / "include" / "h3.h").read_text().startswith("#define H3 3")
     assert os.access(profile / "beta" / "bin" / "tool", os.X_OK)
@@ -33,6 +45,10 @@ def test_realize_then_noop_touches_nothing_and_asks_no_index(tmp_path: Path, her
     again = hermetic("realize", recipe, "--json", env={"PIP_INDEX_URL": dead_url()}, check=True)
     result = json.loads(again.out.splitlines()[-1])
     assert result["changed"] is False and result["counts"]["fetched"] == 0
+    # a no-op says how long the command took, its interpreter's start included: never "0.00 s"
+    (done,) = [r["message"] for r in again.records if r.get("event") == "done"]
+    took = float(re.fullmatch(r".*; (\d+\.\d) s\)", done).group(1))  # type: ignore[union-attr]
+    assert 0.05 <= took < 30, done
     assert len(index.state.requests) == served
     assert tree_snapshot(profile) == before
     assert store_listing(hermetic.root) == store_before

@@ -14,7 +14,7 @@ import pytest
 from hermetic.errors import BadInput
 from hermetic.run.analysis import NOISY, analyze, noisy_run, repetitions_advice
 from hermetic.run.digests import check_digests, device_class, read_reference, receipt_facts, record_reference
-from hermetic.run.report import axis_range, plot_figure
+from hermetic.run.report import axis_range, not_measured_line, plot_figure
 from hermetic.run.spec import Runner, load_runner
 from tests.support.cli import REPO
 
@@ -149,6 +149,30 @@ def test_one_huge_outlier_does_not_stretch_the_axis(runner: Runner) -> None:
     assert marks == ["700,000"] and left.texts[0].xy[0] == pytest.approx(hi)  # at the edge, labelled
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def test_no_offset_is_drawn_over_the_x_labels(runner: Runner) -> None:
+    """Calls of about a second, in microseconds: the ticks say the values, with no "1e6" offset at the axis'
+    end, where it was drawn over the x label (nor one on the ratios' axis)."""
+    times = {label: [t * 12_000 for t in per_rep] for label, per_rep in cpu_times(runner, switch=1.02).items()}
+    a = analyze(raw_samples(runner, times), runner, "cpu")
+    fig = plot_figure({"analysis": a, "runner": "draft", "device_class": "cpu-test"})
+    fig.canvas.draw()
+    left, right = fig.axes
+    assert left.get_xlim()[1] > 1e6
+    assert [ax.xaxis.get_offset_text().get_text() for ax in (left, right)] == ["", ""]
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def test_comparisons_of_sets_the_device_never_measures_are_one_line(runner: Runner) -> None:
+    a = analyze(raw_samples(runner, cpu_times(runner)), runner, "cpu")
+    unmeasured = [c["name"] for c in a["comparisons"] if "not_measured" in c]
+    assert unmeasured and all("skipped" in c for c in a["comparisons"] if c["name"] in unmeasured)
+    line = not_measured_line({"analysis": a, "device": "cpu", "kernels": ["torch"]})
+    assert line.startswith("Not compared on the cpu, which does not measure kernel sets ") and "(it measures " \
+        "torch)" in line and line.endswith(", ".join(unmeasured) + ".")
+    assert "A/A control" not in line
 
 
 def test_invalid_samples_are_left_out_and_counted(runner: Runner) -> None:
