@@ -351,7 +351,7 @@ def _closing(label: str, done: int, total: int | None, unit: str, seconds: float
 
 
 def _doing(what: str, seconds: float | None) -> str:
-    return what if seconds is None else f"{what}, {_duration(seconds)}"
+    return what if seconds is None or seconds < 1 else f"{what}, {_duration(seconds)}"
 
 
 def _duration(seconds: float) -> str:

@@ -141,15 +141,15 @@ def test_without_a_terminal_what_a_step_does_is_said_when_it_changes_and_every_3
     r = Reporter(json_mode=True, stdout=out, stderr=io.StringIO())
     task = r.task("run checks", 192, "steps")
     began = time.monotonic() - 3
-    task.doing("compiling the compiled kernel set compiled (Inductor) for depth 4, batch 1", since=began)
-    task.doing("compiling the compiled kernel set compiled (Inductor) for depth 4, batch 1", since=began)
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began)
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began)
     task.said -= 31  # type: ignore[attr-defined]  # as if said 31 s ago: said again
-    task.doing("compiling the compiled kernel set compiled (Inductor) for depth 4, batch 1", since=began - 31)
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began - 31)
     task.doing("")
-    task.doing("compiling the compiled kernel set compiled (Inductor) for depth 4, batch 2", since=began)
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 2", since=began)
     said = [json.loads(line) for line in out.getvalue().splitlines()]
     doing = [(rec["doing"][-7:], rec["doing_s"]) for rec in said if rec.get("doing")]
     assert [d for d, _ in doing] == ["batch 1", "batch 1", "batch 2"]
     assert doing[0][1] >= 3 and doing[1][1] >= 34
-    assert said[1]["message"].startswith("run checks: compiling the compiled kernel set compiled (Inductor) for "
+    assert said[1]["message"].startswith("run checks: compiling kernel set compiled (torch.compile, Inductor) for "
                                          "depth 4, batch 1, ")

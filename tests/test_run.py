@@ -120,6 +120,13 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     assert (run_dir / "report.md").read_text().startswith("# hermetic run: draft on the cpu")
     assert (run_dir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run_root[1].glob("cpu-*.lock"))
+    # the checks said when they compiled the compiled set, and for which shape (tens of seconds otherwise silent)
+    doing = [rec["doing"] for rec in r.records if rec.get("event") == "progress" and rec.get("doing")]
+    assert any(d.startswith("compiling kernel set compiled (torch.compile, Inductor) for depth ") for d in doing)
+    # the comparisons of kernel sets a CPU never measures: one line, not a row each
+    report = (run_dir / "report.md").read_text()
+    assert "| facc vs stock kernels |" not in report and "\nNot compared on the cpu, which does not measure " \
+        "kernel sets stock, facc" in report
     # the measuring process saw the P2P recipe's toolchain as its CUDA, never a system one (torch logs the
     # CUDA_HOME it takes into worker.log where no GPU is found)
     seen = receipt["environment"]["env"]

@@ -160,7 +160,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                 orig, sw = get("original", depth, batch, k), get("switch", depth, batch, k)
                 if k in backend:  # the first calls of a shape compile it: tens of seconds with nothing else to say
                     say("progress", phase="checks", done=done, total=total,
-                        doing=f"compiling the compiled kernel set {k} ({backend[k].capitalize()}) for depth "
+                        doing=f"compiling kernel set {k} (torch.compile, {backend[k].capitalize()}) for depth "
                               f"{depth}, batch {batch}")
                 for s in range(n):
                     rows = [states[(s + j) % n] for j in range(batch)]
