@@ -152,12 +152,14 @@ class Root:
 
     def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for child processes: every home, temp and cache they may write points inside; no system
-        CUDA (CUDA_HOME names none, and no folder with an nvcc stays on PATH: a caller with a toolchain sets
-        both to it)."""
+        CUDA: CUDA_HOME names none (a caller with a toolchain sets it and PATH to that), and from the caller's
+        own environment (``base`` None) no folder holding an nvcc stays on PATH. A ``base`` is the caller's
+        choice: its PATH is kept as it is (a recorded compile's, the toolchain first)."""
         env = dict(os.environ if base is None else base)
         env.pop("CUDA_INC_PATH", None)
-        env["CUDA_HOME"] = env["CUDA_PATH"] = str(self.no_cuda)
-        if env.get("PATH"):
+        if base is None or "CUDA_HOME" not in base:
+            env["CUDA_HOME"] = env["CUDA_PATH"] = str(self.no_cuda)
+        if base is None and env.get("PATH"):
             env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep)
                                           if not (d and os.path.isfile(os.path.join(d, "nvcc"))))
         home = self.home
