@@ -185,7 +185,8 @@ def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path
     receipt = json.loads(receipt_path.read_text())
     assert receipt["checks"]["digests"]["status"] == "recorded"
     pins = [line.split(" ", 3)[1:] for line in ref.read_text().splitlines() if line.startswith("pin ")]
-    assert ["receipt", receipt_path.name, "sha256:" + fs.sha256_file(receipt_path)[0]] in pins
+    assert ["receipt", f"receipts/{receipt_path.name}", "sha256:" + fs.sha256_file(receipt_path)[0]] in pins
+    assert (ref.parent / "receipts" / receipt_path.name).read_bytes() == receipt_path.read_bytes()  # it ships
     p2p = receipt["modules"]["hermetic_p2p"]
     assert p2p["sha256"] == fs.sha256_file(Path(p2p["file"]))[0]
     assert ["module", "hermetic_p2p", "sha256:" + p2p["sha256"]] in pins
