@@ -200,7 +200,9 @@ def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path
     assert again.rc == 1, again.err[-3000:]
     assert f"digest drifted: {key}" in again.err
     # the drift report: nothing the reference pinned changed, so the bits moved under the same modules and runtime
-    assert (f"since the reference run (receipt {receipt_path.name}, sha256 {fs.sha256_file(receipt_path)[0][:16]}): "
+    # it names the receipt where it ships, beside the reference
+    shipped = ref.parent / "receipts" / receipt_path.name
+    assert (f"since the reference run (receipt {shipped}; sha256 {fs.sha256_file(receipt_path)[0][:16]}): "
             "modules unchanged; runtime unchanged; inputs unchanged") in again.err
 
 
