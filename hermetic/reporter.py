@@ -8,9 +8,12 @@ listing, ``gc``'s entries, ``--explain``, a dry run's plan): on stdout whatever 
 Every long step reports through a ``Reporter``; nothing else in the package prints. On a terminal the
 progress is one live display per command (one rich ``Progress``, whatever number of bars it shows at once):
 a bar per running task, lines printed above it; a task that closes is finished, stopped and taken off the
-display, leaving one line that says what it did, so each phase is seen once. Waiting (for a lock) is a row
-of its own that says what it waits for, how long it has waited and how long it may still, and moves. With
-``--json`` or without a terminal it is plain records, one per event.
+display, leaving one line that says what it did, so each phase is seen once. A task may say what it is doing
+now (``doing``: the unit that compiles, "compiling the compiled kernel set (Inductor)") and since when: the
+row shows it with the seconds counting, so a long step is never silent. Waiting (for a lock) is a row of its
+own that says what it waits for, how long it has waited and how long it may still, and moves. With ``--json``
+or without a terminal it is plain records, one per event. Counts read as English: "1 object", "1 of 2
+objects" (``plural``).
 """
 
 from __future__ import annotations
@@ -26,10 +29,14 @@ from typing import IO, Any, Protocol
 RESULT_VERSION = 1
 PLAIN_EVERY = 2.0   # seconds between plain progress records of one task
 WAIT_EVERY = 10.0   # and between plain "still waiting" lines
+DOING_EVERY = 30.0  # and between plain lines saying the same thing is still being done
 
 
 class ProgressTask(Protocol):
     def advance(self, n: int = 1) -> None: ...
+
+    def doing(self, what: str, since: float | None = None) -> None:
+        """What the task is doing now (``""``: nothing in particular), and since when (``time.monotonic()``)."""
 
     def close(self) -> None: ...
 
@@ -52,6 +59,7 @@ class Reporter:
         self.verbose = verbose and not quiet
         self.interactive = (not json_mode) and self.stderr.isatty()
         self._display: _Display | None = None
+        self._lock = threading.Lock()  # a task may report from a thread of its own (build/graph.py's)
 
     # events -----------------------------------------------------------------
     def event(self, kind: str, message: str = "", /, **fields: Any) -> None:
@@ -86,14 +94,16 @@ class Reporter:
                         "exit_code": exit_code, **fields})
 
     def _emit(self, record: dict[str, Any]) -> None:
-        self.stdout.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        self.stdout.flush()
+        with self._lock:
+            self.stdout.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+            self.stdout.flush()
 
     def _say(self, line: str) -> None:
         if self._display is not None and self._display.running:
             self._display.say(line)  # above the live display, which redraws below it
         else:
-            print(line, file=self.stderr, flush=True)
+            with self._lock:
+                print(line, file=self.stderr, flush=True)
 
     # progress ---------------------------------------------------------------
     def task(self, label: str, total: int | None, unit: str = "items", *, closing_line: bool = True
@@ -130,6 +140,7 @@ class _PlainTask:
         self.closing_line = closing_line
         self.done = 0
         self.started = self.last = time.monotonic()
+        self.what, self.said = "", 0.0
         reporter.event("progress", "", label=label, done=0, total=total, unit=unit)
 
     def advance(self, n: int = 1) -> None:
@@ -139,6 +150,18 @@ class _PlainTask:
             self.last = now
             self.reporter.event("progress", f"{self.label}: {_amount(self.done, self.total, self.unit)}",
                                 label=self.label, done=self.done, total=self.total, unit=self.unit)
+
+    def doing(self, what: str, since: float | None = None) -> None:
+        """A line when what is done changes, and every 30 s (at the next call) while it goes on."""
+        now = time.monotonic()
+        if not what or (what == self.what and now - self.said < DOING_EVERY):
+            self.what = what
+            return
+        self.what, self.said = what, now
+        seconds = None if since is None else now - since
+        self.reporter.event("progress", f"{self.label}: {_doing(what, seconds)}", label=self.label, doing=what,
+                            doing_s=None if seconds is None else round(seconds, 1), done=self.done,
+                            total=self.total, unit=self.unit)
 
     def close(self) -> None:
         seconds = time.monotonic() - self.started
@@ -175,18 +198,16 @@ class _Display:
 
     def __init__(self, stream: IO[str]) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Column
+        from rich.progress import BarColumn, Progress, TimeElapsedColumn
         try:  # the terminal we draw on, not whichever of stdin and stdout happens to be one
             width: int | None = os.get_terminal_size(stream.fileno()).columns
         except (OSError, ValueError, AttributeError):
             width = None
         self.console = Console(file=stream, width=width)
-        one_line = Column(no_wrap=True, overflow="ellipsis")  # a row is one line: a long label is cut, not wrapped
         # no redirection: stdout carries data (`hermetic env`), it must never be routed into the display
-        self.progress = Progress(TextColumn("{task.description}", table_column=one_line), BarColumn(),
-                                 _amount_column(), TimeElapsedColumn(), console=self.console, transient=True,
-                                 redirect_stdout=False, redirect_stderr=False, refresh_per_second=4)
+        self.progress = Progress(_label_column(), BarColumn(), _amount_column(), TimeElapsedColumn(),
+                                 console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False,
+                                 refresh_per_second=4)
         self.lock = threading.Lock()
         self.rows = 0
         self.running = False
@@ -238,6 +259,9 @@ class _RichTask:
         self.done += n
         self.display.progress.advance(self.row, n)
 
+    def doing(self, what: str, since: float | None = None) -> None:
+        self.display.progress.update(self.row, doing=what, doing_since=since)  # the row counts the seconds
+
     def close(self) -> None:
         if self.closed:
             return
@@ -260,6 +284,24 @@ class _RichWait:
         if not self.closed:
             self.closed = True
             self.display.remove(self.row, message)
+
+
+def _label_column() -> Any:
+    """The row's label, and what it is doing now with the seconds since it began (one line: a long row is cut,
+    not wrapped)."""
+    from rich.progress import ProgressColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class LabelColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            what, since = task.fields.get("doing"), task.fields.get("doing_since")
+            if not what:
+                return Text(task.description)
+            return Text(f"{task.description}: "
+                        f"{_doing(what, None if since is None else time.monotonic() - since)}")
+
+    return LabelColumn(table_column=Column(no_wrap=True, overflow="ellipsis"))
 
 
 def _amount_column() -> Any:
@@ -298,12 +340,52 @@ def _waited(waited: float, timeout: float | None) -> str:
 
 
 def _amount(done: int, total: int | None, unit: str) -> str:
-    return _fmt(done, unit) + (f" of {_fmt(total, unit)}" if total else "")
+    if unit == "bytes":
+        return _fmt(done, unit) + (f" of {_fmt(total, unit)}" if total else "")
+    return f"{done} of {plural(total, unit)}" if total else plural(done, unit)
 
 
 def _closing(label: str, done: int, total: int | None, unit: str, seconds: float) -> str:
     state = "done" if total is None or done >= total else "stopped"
     return f"{label}: {state}, {_amount(done, total, unit)} in {seconds:.1f} s"
+
+
+def _doing(what: str, seconds: float | None) -> str:
+    return what if seconds is None or seconds < 1 else f"{what}, {_duration(seconds)}"
+
+
+def _duration(seconds: float) -> str:
+    """``7 s``, ``2 min 05 s``: whole seconds, as a person reads a running clock."""
+    s = max(int(seconds), 0)
+    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
+
+
+def process_seconds() -> float | None:
+    """How long this process has run, interpreter start-up included (its start time per /proc): what a
+    command that returns at once took, as ``time`` would say."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - started / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 object``, ``2 objects``, ``0 objects``, ``1 kernel set``, ``1 mismatch``: ``noun`` named in its
+    plural, as units are."""
+    if n != 1:
+        return f"{n} {noun}"
+    head, _, word = noun.rpartition(" ")
+    if word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif word.endswith(("ches", "shes", "sses", "xes")):
+        word = word[:-2]
+    elif word.endswith("s"):
+        word = word[:-1]
+    return f"{n} {head} {word}" if head else f"{n} {word}"
 
 
 def _fmt(n: int | None, unit: str) -> str:
@@ -314,4 +396,4 @@ def _fmt(n: int | None, unit: str) -> str:
             if n < 1024 or suffix == "GiB":
                 return f"{n:.0f} {suffix}" if suffix == "B" else f"{n:.1f} {suffix}"
             n /= 1024  # type: ignore[assignment]
-    return f"{n} {unit}"
+    return plural(n, unit)

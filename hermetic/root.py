@@ -144,9 +144,24 @@ class Root:
         if not marker.exists():
             fs.atomic_write(marker, b"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n")
 
+    @property
+    def no_cuda(self) -> Path:
+        """What a child's CUDA_HOME names when hermetic gives it no toolchain: a folder that never exists. Unset,
+        torch (and other tools) would look for nvcc on PATH, then take /usr/local/cuda."""
+        return self.tmp / "no-cuda"
+
     def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """Environment for child processes: every home, temp and cache they may write points inside."""
+        """Environment for child processes: every home, temp and cache they may write points inside; no system
+        CUDA: CUDA_HOME names none (a caller with a toolchain sets it and PATH to that), and from the caller's
+        own environment (``base`` None) no folder holding an nvcc stays on PATH. A ``base`` is the caller's
+        choice: its PATH is kept as it is (a recorded compile's, the toolchain first)."""
         env = dict(os.environ if base is None else base)
+        env.pop("CUDA_INC_PATH", None)
+        if base is None or "CUDA_HOME" not in base:
+            env["CUDA_HOME"] = env["CUDA_PATH"] = str(self.no_cuda)
+        if base is None and env.get("PATH"):
+            env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep)
+                                          if not (d and os.path.isfile(os.path.join(d, "nvcc"))))
         home = self.home
         cache = home / ".cache"
         env.update({

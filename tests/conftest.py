@@ -7,6 +7,8 @@ test wheels and locks), ``trees`` (listings of trees and stores), and one module
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +18,63 @@ from tests.support import cli
 from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.clients import make_client_venv
 from tests.support.index import LoopbackIndex, serve_index
+
+# Everything the tests and the tools they run write stays in the repository's ignored .cache/ (README): pytest's
+# temp folders (a folder per session under .cache/pytest: a green session removes its own, the next session
+# those of sessions no longer running, so that two sessions in one checkout never delete each other's), the
+# temp files of the tests and of every process they start (TMPDIR: torch's Inductor, pip, openssl), and the
+# caches a tool keeps in the home folder otherwise (matplotlib's font cache and config, pip's and uv's caches,
+# torch's, triton's, CUDA's compute cache). hermetic's own children get the root's; these are for the rest.
+CACHE = REPO / ".cache"
+SESSIONS = CACHE / "pytest"
+CONTAINED = {"TMPDIR": CACHE / "tmp", "MPLCONFIGDIR": CACHE / "matplotlib", "XDG_CACHE_HOME": CACHE / "xdg-cache",
+             "TRITON_CACHE_DIR": CACHE / "triton", "CUDA_CACHE_PATH": CACHE / "nv"}
+for _key, _folder in CONTAINED.items():
+    _folder.mkdir(parents=True, exist_ok=True)
+    os.environ[_key] = str(_folder)
+
+_OURS = pytest.StashKey[Path]()
+
+
+def _remove(folder: Path) -> None:
+    """A session's temp folder, whose stores hold read-only folders (made writable first)."""
+    for path, _dirs, _files in os.walk(folder):
+        if not os.path.islink(path):
+            os.chmod(path, stat.S_IRWXU)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """This session's temp folders under .cache/pytest/session-PID unless --basetemp names others (set before
+    pytest's tmpdir plugin reads the option); those of sessions that ended are removed."""
+    if config.option.basetemp is not None:
+        return
+    SESSIONS.mkdir(parents=True, exist_ok=True)
+    for old in SESSIONS.glob("session-*"):
+        pid = old.name.removeprefix("session-")
+        if not (pid.isdigit() and _running(int(pid))):
+            _remove(old)
+    mine = SESSIONS / f"session-{os.getpid()}"
+    config.option.basetemp = str(mine)
+    config.stash[_OURS] = mine
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A green session leaves no temp folders behind."""
+    mine = session.config.stash.get(_OURS, None)
+    if exitstatus == 0 and mine is not None and mine.is_dir():
+        _remove(mine)
 
 
 def require_all() -> bool:

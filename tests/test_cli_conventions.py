@@ -215,6 +215,25 @@ def test_help_says_where_records_go() -> None:
     realize = subprocess.run([sys.executable, "-m", "hermetic", "realize", "--help"], capture_output=True, text=True,
                              cwd=REPO)
     assert "--dry-run" in realize.stdout
+    # everything under the root but the run's device lock, whose folder --help names
+    assert "but for `run`'s lock on its device" in text and "$HERMETIC_LOCK_DIR" in text and \
+        "/run/lock/hermetic" in text
+
+
+def test_each_commands_help_says_what_it_takes_and_what_offline_does_there() -> None:
+    import argparse
+
+    from hermetic.cli.parser import build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    env = " ".join(sub.choices["env"].format_usage().split())
+    assert env.startswith("usage: hermetic env ") and env.endswith(" RECIPE [-- CMD [ARG ...]]"), env
+    offline = {name: next(a.help for a in p._actions if a.dest == "offline") for name, p in sub.choices.items()}
+    assert "exits 3 naming each missing wheel by name==version with its lock file and line" in offline["realize"]
+    assert offline["run"].startswith("realize what the runner needs without fetching")
+    assert offline["verify"].startswith("with --repair, realize the roots again without fetching")
+    for name in ("gc", "show", "status", "export", "import", "env", "completion"):
+        assert f"changes nothing: {name} fetches nothing" in str(offline[name]), offline[name]
+    assert len(set(offline.values())) == len(offline)  # no command repeats another's wording
 
 
 # shell completion ------------------------------------------------------------------------------------------------

@@ -256,12 +256,25 @@ def _allkinds(folder: Path) -> BuiltWheel:
         entry_points="[console_scripts]\nallkinds = allkinds:main\n")
 
 
-def _pip_target(wheel: Path, target: Path) -> list[str]:
-    """What ``pip install --target`` lays out for the wheel (pip's layout for a folder put on PYTHONPATH)."""
+# Where pip's --target puts a distribution's headers, asked of pip (the scheme of a --target install is its
+# ``home`` scheme): include/python/<dist> for a plain interpreter, include/site/python3.X/<dist> in a venv.
+_PIP_HEADERS = """
+import os, sys
+from pip._internal.locations import get_scheme
+home = os.path.abspath("target-home")
+print(os.path.relpath(get_scheme(sys.argv[1], home=home).headers, home))
+"""
+
+
+def _pip_target(wheel: Path, target: Path) -> tuple[list[str], str]:
+    """What ``pip install --target`` lays out for the wheel (pip's layout for a folder put on PYTHONPATH), and
+    the folder pip says its headers go to."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PIP_")}, "PIP_CONFIG_FILE": os.devnull}
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--target", str(target), str(wheel)], check=True, capture_output=True, env=env, timeout=300)
-    return sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    headers = subprocess.run([sys.executable, "-c", _PIP_HEADERS, wheel.name.split("-")[0]], check=True,
+                             capture_output=True, text=True, env=env, cwd=target, timeout=60).stdout.strip()
+    return sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()), headers
 
 
 def test_the_tree_is_pips_target_layout_for_every_interpreter(hermetic: Hermetic, index: LoopbackIndex,
@@ -287,14 +300,16 @@ def test_the_tree_is_pips_target_layout_for_every_interpreter(hermetic: Hermetic
             assert r.rc == 0 and r.out.strip() == says, (label, script, r.out, r.err)
         trees[label] = hermetic.root / "profiles" / recipe.stem
     # the layout is pip's --target one, whatever the interpreter (headers aside: include/ as the wheel names
-    # them, where pip's --target puts include/python/<dist>/)
+    # them, where pip's --target puts them in the folder its scheme names: include/python/<dist>/, or
+    # include/site/python3.X/<dist>/ when pip runs in a venv)
     ours = {label: [f for f in _profile_files(hermetic.root, t.name) if f not in ("bin/python", "bin/python3")]
             for label, t in trees.items()}
-    pips = [f for f in _pip_target(wheel.path, tmp_path / "target")
-            if not f.endswith(("/REQUESTED", "/direct_url.json"))]
+    pip_files, pip_headers = _pip_target(wheel.path, tmp_path / "target")
+    pips = [f for f in pip_files if not f.endswith(("/REQUESTED", "/direct_url.json"))]
     assert [f for f in ours["3.11"] if not f.startswith("include/")] == \
         [f for f in pips if not f.startswith("include/")]
-    assert "include/allkinds.h" in ours["3.11"] and "include/python/allkinds/allkinds.h" in pips
+    assert pip_headers.startswith("include/") and pip_headers.endswith("/allkinds")
+    assert "include/allkinds.h" in ours["3.11"] and f"{pip_headers}/allkinds.h" in pips
     assert ours["3.11"] == ours["3.13"] == ours["3.13 spaced"]
     # the same paths and, but for the launchers, the same blobs: nothing else names an interpreter
     for f in ours["3.11"]:

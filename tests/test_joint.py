@@ -77,6 +77,15 @@ def test_heavy_units_of_two_variants_overlap_and_a_waivable_unit_compiles_once(t
     assert "flavor.h mentions one of them" in spiced["computed.cpp"]["reason"]
     s = schedule(res)
     assert (s["predicted_to_wait"], s["waited"], s["mispredicted"]) == (3, 2, 1)
+    # the compile's progress said which unit ran longest and for how long (each compile writes its start), and
+    # the compiles' duration is said once, by the schedule's line, not by a closing line of the bar as well
+    doing = [r for r in map(json.loads, res.out.splitlines()) if r.get("event") == "progress" and r.get("doing")]
+    assert doing and {r["label"] for r in doing} <= {"compiling jointa", "compiling jointa (second phase)"}
+    assert any(r["doing"].startswith("running plain/joint_ext: heavy.cpp") and r["doing_s"] >= 0 for r in doing)
+    closing = [r for r in map(json.loads, res.out.splitlines()) if r.get("event") == "progress"
+               and r.get("label", "").startswith("compiling jointa") and ": done, " in r.get("message", "")]
+    assert not closing, closing
+    assert [m for m in events(res, "build") if m.startswith("compiled 8 objects in ")]
     units = {u["unit"]: u for u in s["units"]}
     assert len(units) == 8
     assert units["spiced/joint_spiced_ext: computed.cpp"]["phase"] == 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from pathlib import Path
 
 from tests.support.cli import Hermetic
@@ -22,6 +24,17 @@ def test_realize_then_noop_touches_nothing_and_asks_no_index(tmp_path: Path, her
     first = hermetic("realize", recipe, "--json", check=True)
     result = json.loads(first.out.splitlines()[-1])
     assert result["counts"]["fetched"] == 2 and result["changed"] is True
+    # the fetch is said as it starts, before the index is asked, naming what the store lacks
+    kinds = [r.get("event") for r in first.records]
+    assert kinds.index("fetch-start") < kinds.index("fetched")
+    (start,) = [r["message"] for r in first.records if r.get("event") == "fetch-start"]
+    assert start == "fetching 2 wheels the store lacks: alpha==1.0, beta==2.0", start
+    # one duration, the receipt's, in the closing line
+    total = json.loads(Path(result["receipt"]).read_text())["timings"]["total"]
+    assert total == result["timings"]["total"] > 0
+    (done,) = [r["message"] for r in first.records if r.get("event") == "done"]
+    assert done.endswith(f"(2 wheels: 2 fetched, 2 unpacked, 0 reused; {result['counts']['files']} files; "
+                         f"{total:.1f} s)"), done
     profile = hermetic.root / "profiles" / "env1"
     assert (profile / "alpha" / "include" / "h3.h").read_text().startswith("#define H3 3")
     assert os.access(profile / "beta" / "bin" / "tool", os.X_OK)
@@ -32,6 +45,10 @@ def test_realize_then_noop_touches_nothing_and_asks_no_index(tmp_path: Path, her
     again = hermetic("realize", recipe, "--json", env={"PIP_INDEX_URL": dead_url()}, check=True)
     result = json.loads(again.out.splitlines()[-1])
     assert result["changed"] is False and result["counts"]["fetched"] == 0
+    # a no-op says how long the command took, its interpreter's start included: never "0.00 s"
+    (done,) = [r["message"] for r in again.records if r.get("event") == "done"]
+    took = float(re.fullmatch(r".*; (\d+\.\d) s\)", done).group(1))  # type: ignore[union-attr]
+    assert 0.05 <= took < 30, done
     assert len(index.state.requests) == served
     assert tree_snapshot(profile) == before
     assert store_listing(hermetic.root) == store_before
@@ -165,3 +182,35 @@ def test_network_failures_exit_1(tmp_path: Path, hermetic: Hermetic, index: Loop
     _assert_clean_failure(res, 1, "truncated")
     assert not (hermetic.root / "profiles" / "net").exists()
 
+
+
+SYSTEM_NVCC = "#!/bin/sh\necho 'Cuda compilation tools, release 12.0: a system CUDA'\n"
+CUDA_PROBE = "import shutil, torch.utils.cpp_extension as c; print(c.CUDA_HOME, shutil.which('nvcc'))"
+
+
+def test_env_shows_no_system_cuda_and_each_folder_once(tmp_path: Path, hermetic: Hermetic,
+                                                        index: LoopbackIndex) -> None:
+    """Without a toolchain, what `hermetic env` runs sees no CUDA: not the caller's CUDA_HOME, not an nvcc on
+    the caller's PATH, not /usr/local/cuda (torch's last guess, and this machine's system CUDA where it has one);
+    and the caller's venv bin, which the environment puts first itself, is on PATH once."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    system = tmp_path / "usr-local-cuda"  # a system CUDA of the caller's: its nvcc on PATH, named by CUDA_HOME
+    (system / "bin").mkdir(parents=True)
+    (system / "bin" / "nvcc").write_text(SYSTEM_NVCC)
+    (system / "bin" / "nvcc").chmod(0o755)
+    venv_bin = str(Path(sys.executable).parent)  # as an activated venv has it: first on PATH
+    caller = {"PATH": os.pathsep.join([venv_bin, str(system / "bin"), os.environ["PATH"]]),
+              "CUDA_HOME": str(system), "CUDA_PATH": str(system)}
+    r = hermetic("env", recipe, "--", "python", "-c", CUDA_PROBE, env=caller)
+    assert r.rc == 0, r.err
+    cuda_home, nvcc = r.out.split()
+    assert cuda_home == str(hermetic.root / "tmp" / "no-cuda") and not os.path.exists(cuda_home)
+    assert nvcc == "None" and "/usr/local" not in r.out + r.err
+    printed = hermetic("env", recipe, "--json", env=caller, check=True).result["env"]
+    assert printed["CUDA_HOME"] == printed["CUDA_PATH"] == cuda_home
+    path = printed["PATH"].split(os.pathsep)
+    assert path.count(venv_bin) == 1 and str(system / "bin") not in path
+    assert path[0] == str(hermetic.root / "profiles" / "env1" / "bin")

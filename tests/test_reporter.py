@@ -10,7 +10,7 @@ import os
 import re
 import time
 
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from tests.support.terminal import PtyReader, screen
 
 
@@ -53,7 +53,8 @@ def test_each_phase_is_seen_once_and_the_wait_row_moves() -> None:
     for phase, total in (("run load", 1), ("run checks", 8), ("run measure", 25)):
         finished = [ln for ln in lines if ln.startswith(phase)]
         assert len(finished) == 1, lines
-        assert re.fullmatch(rf"{phase}: done, {total} steps of {total} steps in \d+\.\d s", finished[0])
+        steps = "step" if total == 1 else "steps"  # "1 of 1 step", never "1 steps of 1 steps"
+        assert re.fullmatch(rf"{phase}: done, {total} of {total} {steps} in \d+\.\d s", finished[0])
         assert lines.index(f"inside {phase}") == lines.index(finished[0]) - 1
     assert [ln for ln in lines if "whl" in ln] == ["b.whl: done, 50 B of 50 B in 0.3 s"]
     assert lines[-1] == "done"
@@ -102,3 +103,53 @@ def test_levels_and_streams_data_on_stdout_whatever_the_level() -> None:
     out, _err = said(json_mode=True, verbose=True)
     assert [json.loads(line).get("event", "result") for line in out.splitlines()] == \
         ["step", "object", "show", "warning", "result"]
+
+
+def test_counts_read_as_english() -> None:
+    assert [plural(n, "objects") for n in (0, 1, 2)] == ["0 objects", "1 object", "2 objects"]
+    assert [plural(1, w) for w in ("steps", "modules", "kernel sets", "mismatches", "entries", "patches")] == \
+        ["1 step", "1 module", "1 kernel set", "1 mismatch", "1 entry", "1 patch"]
+    err = io.StringIO()
+    task = Reporter(stderr=err).task("compiling p2p", 2, "objects")
+    task.advance(1)
+    task.close()
+    assert re.fullmatch(r"compiling p2p: stopped, 1 of 2 objects in \d+\.\d s\n", err.getvalue())
+
+
+def test_a_long_step_says_what_it_does_and_its_seconds_count_on_a_terminal() -> None:
+    term = PtyReader()
+    stream = os.fdopen(os.dup(term.slave), "w")
+    r = Reporter(stderr=stream)
+    task = r.task("compiling p2p", 2, "objects", closing_line=False)
+    task.advance(1)
+    task.doing("running default/hermetic_p2p: p2p.cpp", since=time.monotonic() - 61)
+    time.sleep(1.6)  # the row redraws 4 times a second, the seconds with it
+    task.doing("")
+    time.sleep(0.4)
+    task.close()
+    r.close()
+    stream.close()
+    raw = term.finish()
+    seen = re.findall(r"compiling p2p: running default/hermetic_p2p: p2p\.cpp, 1 min (\d\d) s", raw)
+    assert len(set(seen)) >= 2 and min(int(s) for s in seen) >= 1, raw[-2000:]  # counting: 1 min 01 s, 02 s...
+    assert "1 of 2 objects" in raw
+    assert not screen(raw), screen(raw)  # no closing line asked for: nothing is left
+
+
+def test_without_a_terminal_what_a_step_does_is_said_when_it_changes_and_every_30_s() -> None:
+    out = io.StringIO()
+    r = Reporter(json_mode=True, stdout=out, stderr=io.StringIO())
+    task = r.task("run checks", 192, "steps")
+    began = time.monotonic() - 3
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began)
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began)
+    task.said -= 31  # type: ignore[attr-defined]  # as if said 31 s ago: said again
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 1", since=began - 31)
+    task.doing("")
+    task.doing("compiling kernel set compiled (torch.compile, Inductor) for depth 4, batch 2", since=began)
+    said = [json.loads(line) for line in out.getvalue().splitlines()]
+    doing = [(rec["doing"][-7:], rec["doing_s"]) for rec in said if rec.get("doing")]
+    assert [d for d, _ in doing] == ["batch 1", "batch 1", "batch 2"]
+    assert doing[0][1] >= 3 and doing[1][1] >= 34
+    assert said[1]["message"].startswith("run checks: compiling kernel set compiled (torch.compile, Inductor) for "
+                                         "depth 4, batch 1, ")

@@ -120,6 +120,23 @@ def test_full_protocol_on_the_cpu(run_root: tuple[Path, Path], tmp_path: Path) -
     assert (run_dir / "report.md").read_text().startswith("# hermetic run: draft on the cpu")
     assert (run_dir / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(run_root[1].glob("cpu-*.lock"))
+    # the checks said when they compiled the compiled set, and for which shape (tens of seconds otherwise silent)
+    doing = [rec["doing"] for rec in r.records if rec.get("event") == "progress" and rec.get("doing")]
+    assert any(d.startswith("compiling kernel set compiled (torch.compile, Inductor) for depth ") for d in doing)
+    # the comparisons of kernel sets a CPU never measures: one line, not a row each
+    report = (run_dir / "report.md").read_text()
+    assert "| facc vs stock kernels |" not in report and "\nNot compared on the cpu, which does not measure " \
+        "kernel sets stock, facc" in report
+    # the measuring process saw the P2P recipe's toolchain as its CUDA, never a system one (torch logs the
+    # CUDA_HOME it takes into worker.log where no GPU is found)
+    seen = receipt["environment"]["env"]
+    assert seen["CUDA_HOME"].startswith(str(run_root[0] / "store")) and seen["CUDA_HOME"].endswith("/nvidia/cu13")
+    assert seen["PATH"].split(":")[0] == seen["CUDA_HOME"] + "/bin"
+    assert "/usr/local" not in (run_dir / "worker.log").read_text()
+    # nothing that decides no bit is reported as changed (the interpreter's path, how the capability was chosen):
+    # a matching reference, pinned, names no difference from this run
+    if dig["status"] == "match" and dig["drift"]["pinned"]:
+        assert dig["drift"]["differences"] == [], dig["drift"]
 
 
 def test_the_avx2_class_is_measured_and_matched_here_through_aten_cpu_capability(run_root: tuple[Path, Path],
@@ -168,7 +185,8 @@ def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path
     receipt = json.loads(receipt_path.read_text())
     assert receipt["checks"]["digests"]["status"] == "recorded"
     pins = [line.split(" ", 3)[1:] for line in ref.read_text().splitlines() if line.startswith("pin ")]
-    assert ["receipt", receipt_path.name, "sha256:" + fs.sha256_file(receipt_path)[0]] in pins
+    assert ["receipt", f"receipts/{receipt_path.name}", "sha256:" + fs.sha256_file(receipt_path)[0]] in pins
+    assert (ref.parent / "receipts" / receipt_path.name).read_bytes() == receipt_path.read_bytes()  # it ships
     p2p = receipt["modules"]["hermetic_p2p"]
     assert p2p["sha256"] == fs.sha256_file(Path(p2p["file"]))[0]
     assert ["module", "hermetic_p2p", "sha256:" + p2p["sha256"]] in pins
@@ -182,7 +200,9 @@ def test_a_tampered_reference_digest_fails(run_root: tuple[Path, Path], tmp_path
     assert again.rc == 1, again.err[-3000:]
     assert f"digest drifted: {key}" in again.err
     # the drift report: nothing the reference pinned changed, so the bits moved under the same modules and runtime
-    assert (f"since the reference run (receipt {receipt_path.name}, sha256 {fs.sha256_file(receipt_path)[0][:16]}): "
+    # it names the receipt where it ships, beside the reference
+    shipped = ref.parent / "receipts" / receipt_path.name
+    assert (f"since the reference run (receipt {shipped}; sha256 {fs.sha256_file(receipt_path)[0][:16]}): "
             "modules unchanged; runtime unchanged; inputs unchanged") in again.err
 
 

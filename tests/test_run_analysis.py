@@ -14,7 +14,7 @@ import pytest
 from hermetic.errors import BadInput
 from hermetic.run.analysis import NOISY, analyze, noisy_run, repetitions_advice
 from hermetic.run.digests import check_digests, device_class, read_reference, receipt_facts, record_reference
-from hermetic.run.report import axis_range, plot_figure
+from hermetic.run.report import axis_range, not_measured_line, plot_figure
 from hermetic.run.spec import Runner, load_runner
 from tests.support.cli import REPO
 
@@ -151,6 +151,30 @@ def test_one_huge_outlier_does_not_stretch_the_axis(runner: Runner) -> None:
     plt.close(fig)
 
 
+def test_no_offset_is_drawn_over_the_x_labels(runner: Runner) -> None:
+    """Calls of about a second, in microseconds: the ticks say the values, with no "1e6" offset at the axis'
+    end, where it was drawn over the x label (nor one on the ratios' axis)."""
+    times = {label: [t * 12_000 for t in per_rep] for label, per_rep in cpu_times(runner, switch=1.02).items()}
+    a = analyze(raw_samples(runner, times), runner, "cpu")
+    fig = plot_figure({"analysis": a, "runner": "draft", "device_class": "cpu-test"})
+    fig.canvas.draw()
+    left, right = fig.axes
+    assert left.get_xlim()[1] > 1e6
+    assert [ax.xaxis.get_offset_text().get_text() for ax in (left, right)] == ["", ""]
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def test_comparisons_of_sets_the_device_never_measures_are_one_line(runner: Runner) -> None:
+    a = analyze(raw_samples(runner, cpu_times(runner)), runner, "cpu")
+    unmeasured = [c["name"] for c in a["comparisons"] if "not_measured" in c]
+    assert unmeasured and all("skipped" in c for c in a["comparisons"] if c["name"] in unmeasured)
+    line = not_measured_line({"analysis": a, "device": "cpu", "kernels": ["torch"]})
+    assert line.startswith("Not compared on the cpu, which does not measure kernel sets ") and "(it measures " \
+        "torch)" in line and line.endswith(", ".join(unmeasured) + ".")
+    assert "A/A control" not in line
+
+
 def test_invalid_samples_are_left_out_and_counted(runner: Runner) -> None:
     slowed = frozenset({("greedy-d4-b1/torch", 2)})
     a = analyze(raw_samples(runner, cpu_times(runner), invalid=slowed), runner, "cpu")
@@ -171,15 +195,18 @@ def test_the_class_follows_the_capability_torch_dispatches_to() -> None:
            "env": {"ATEN_CPU_CAPABILITY": "avx2"}}  # as the measuring process reports it under that variable
     assert device_class("cpu", cpu) == "cpu-avx2-amd-torch2.14.1_cu130-t2"
     assert (REPO / "manifests" / "digests" / "cpu-avx2-amd-torch2.14.1_cu130-t2.txt").is_file()
-    assert receipt_facts({"environment": cpu})["runtime ATEN_CPU_CAPABILITY"] == "avx2"
+    # the pin holds the capability torch dispatched to, not how it was chosen
+    facts = receipt_facts({"environment": cpu})
+    assert facts["runtime cpu_capability"] == "AVX2" and not any("ATEN" in k for k in facts)
 
 
-def receipt(module_sha: str = "1" * 64, torch: str = "2.14.1+cu130") -> dict[str, Any]:
+def receipt(module_sha: str = "1" * 64, torch: str = "2.14.1+cu130", **environment: Any) -> dict[str, Any]:
     """A run receipt's parts that a reference pins, in the shape pipeline.py writes them."""
-    return {"modules": {"hermetic_p2p": {"file": "/r/hermetic_p2p.so", "sha256": module_sha}},
+    return {"device": "cpu", "device_class": "cpu-avx512-amd-torch2.14.1_cu130-t2",
+            "modules": {"hermetic_p2p": {"file": "/r/hermetic_p2p.so", "sha256": module_sha}},
             "environment": {"python": "3.11.7", "executable": "/usr/bin/python3", "torch": torch,
                             "torch_cuda": "13.0", "threads": 2, "cpu_capability": "AVX512", "cpu_vendor": "amd",
-                            "env": {"ATEN_CPU_CAPABILITY": None}},
+                            "env": {"ATEN_CPU_CAPABILITY": None}, **environment},
             "worker": {"sha256": "2" * 64}, "states": {"sha256": "3" * 64}, "runner": {"sha256": "4" * 64}}
 
 
@@ -214,7 +241,9 @@ def test_a_drift_report_names_what_differs_from_the_pinned_receipt(tmp_path: Pat
                      receipt_body=body)
     _, pin = read_reference(tmp_path / "cpu-x.txt")
     import hashlib
-    assert pin and pin["receipt"] == "receipt.json"
+    # the receipt is copied beside the reference, where it is committed with it, and the pin names the copy
+    assert pin and pin["receipt"] == "receipts/receipt.json"
+    assert (tmp_path / "receipts" / "receipt.json").read_bytes() == (tmp_path / "receipt.json").read_bytes()
     assert pin["receipt_sha256"] == hashlib.sha256((tmp_path / "receipt.json").read_bytes()).hexdigest()
     assert pin["facts"]["module hermetic_p2p"] == "sha256:" + "1" * 64
     assert pin["facts"]["runtime torch"] == "2.14.1+cu130" and pin["facts"]["input worker"] == "sha256:" + "2" * 64
@@ -225,9 +254,58 @@ def test_a_drift_report_names_what_differs_from_the_pinned_receipt(tmp_path: Pat
     assert drifted["status"] == "mismatch" and drift["pinned"]
     assert {d["what"] for d in drift["differences"]} == {"module hermetic_p2p", "runtime torch"}
     assert "modules changed (hermetic_p2p); runtime changed (torch); inputs unchanged" in drift["message"]
+    assert f"receipt {tmp_path / 'receipts' / 'receipt.json'};" in drift["message"] and drift["receipt_shipped"]
     torch = next(d for d in drift["differences"] if d["what"] == "runtime torch")
     assert (torch["reference"], torch["now"]) == ("2.14.1+cu130", "2.15.0+cu130")
     # a reference without a pin says it cannot tell
     (tmp_path / "cpu-old.txt").write_text("s00/d4/torch " + "a" * 64 + "\n")
     old = check_digests(digests, tmp_path, "cpu-old", now=later)
     assert old["status"] == "match" and not old["drift"]["pinned"] and "re-record" in old["drift"]["message"]
+
+
+def test_what_decides_no_bit_raises_no_drift_note(tmp_path: Path) -> None:
+    """A newcomer's fresh clone: another interpreter path (a venv), another Python, a real AVX2 CPU where the
+    reference's run was told ATEN_CPU_CAPABILITY=avx2: the same bits, and no "runtime changed" note."""
+    digests = {"s00/d4/torch": "a" * 64}
+    recorder = receipt(cpu_capability="AVX2", env={"ATEN_CPU_CAPABILITY": "avx2"})
+    (tmp_path / "receipt.json").write_text(json.dumps(recorder))
+    record_reference(digests, tmp_path, "cpu-x", runner_name="r", receipt=tmp_path / "receipt.json",
+                     receipt_body=recorder)
+    newcomer = receipt(cpu_capability="AVX2", python="3.11.9", executable="/home/me/hermetic/.venv/bin/python3",
+                       env={"ATEN_CPU_CAPABILITY": None})
+    checked = check_digests(digests, tmp_path, "cpu-x", now=receipt_facts(newcomer))
+    assert checked["status"] == "match" and checked["drift"]["differences"] == []
+    # what does decide the bits still shows: the instruction set torch dispatches to
+    wider = check_digests(digests, tmp_path, "cpu-x", now=receipt_facts(receipt(cpu_capability="AVX512")))
+    assert [d["what"] for d in wider["drift"]["differences"]] == ["runtime cpu_capability"]
+    # an older file's pins of the interpreter's path and of ATEN_CPU_CAPABILITY are read and left out
+    old = (tmp_path / "cpu-x.txt").read_text().replace(
+        "pin runtime torch ", "pin runtime executable /usr/bin/python3\npin runtime ATEN_CPU_CAPABILITY avx2\n"
+                              "pin runtime torch ")
+    (tmp_path / "cpu-old.txt").write_text(old)
+    assert check_digests(digests, tmp_path, "cpu-old", now=receipt_facts(newcomer))["drift"]["differences"] == []
+
+
+# recorded on an AMD EPYC machine on 2026-12-03, whose receipts were not kept: re-recorded there, they ship too
+RECEIPTS_NOT_KEPT = {"cpu-avx2-amd-torch2.14.1_cu130-t2", "cpu-avx2-amd-torch2.14.1_cu130-t2-inductor-cpp-triton3.8.0",
+                     "cpu-avx512-amd-torch2.14.1_cu130-t2",
+                     "cpu-avx512-amd-torch2.14.1_cu130-t2-inductor-cpp-triton3.8.0"}
+
+
+def test_every_reference_pins_a_receipt_that_ships_with_it() -> None:
+    """The receipt a drift report names is in the repository, its sha256 is the pin's, and the pinned facts are
+    the ones the receipt gives today (so a re-pin by hand could not drift from a re-record)."""
+    import hashlib
+    folder = REPO / "manifests" / "digests"
+    pinned = {}
+    for path in sorted(folder.glob("*.txt")):
+        _, pin = read_reference(path)
+        if pin is None or path.stem in RECEIPTS_NOT_KEPT:
+            continue
+        shipped = folder / pin["receipt"]
+        assert shipped.is_file(), f"{path.name} pins {pin['receipt']}, which is not in the repository"
+        assert hashlib.sha256(shipped.read_bytes()).hexdigest() == pin["receipt_sha256"], path.name
+        assert pin["facts"] == receipt_facts(json.loads(shipped.read_text())), path.name
+        pinned[path.stem] = pin
+    assert any(stem.startswith("cpu-") for stem in pinned) and any(stem.startswith("sm") for stem in pinned)
+    assert {p.stem for p in folder.glob("*.txt")} >= RECEIPTS_NOT_KEPT

@@ -1,6 +1,7 @@
 """Run one compile and write what it took: ``python -S costwrap.py COST_FILE COMMAND...``.
 
-The build graph (build/graph.py) puts every compile of its ninja file under this wrapper. It starts the
+The build graph (build/graph.py) puts every compile of its ninja file under this wrapper. It writes the
+time it starts to COST_FILE.start (the graph says which compiles run, and for how long), starts the
 command, waits for it with wait4 (its wall time; its user and system time and those of every process it
 waited for; the largest resident set among them), writes those and its exit status as JSON to COST_FILE (a
 temp file renamed into place) and exits with the command's status. Standard library only, run without site:
@@ -17,6 +18,8 @@ def main(argv: list[str]) -> int:
     out, command = argv[0], argv[1:]
     start = time.time()
     t0 = time.monotonic()
+    with open(f"{out}.start", "w") as f:
+        f.write(repr(start))
     try:
         pid = os.posix_spawnp(command[0], command, os.environ)
     except OSError as e:

@@ -24,7 +24,7 @@ from hermetic.errors import WorkFailed
 from hermetic.keys import KEY_ENV, PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Recipe, Variant
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name, entry_ref
 from hermetic.store.records import CompileCost, ObjectRecord, Producer, ToolchainId
@@ -127,7 +127,7 @@ def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, varian
         if d.decision is not Decision.COMPILED:
             cache.place(d)
     todo = len(job.todo())
-    reporter.event("build", f"{plan.module}: {len(plan.compiles)} objects, {len(plan.compiles) - todo} "
+    reporter.event("build", f"{plan.module}: {plural(len(plan.compiles), 'objects')}, {len(plan.compiles) - todo} "
                             f"reused, {todo} to compile", module=plan.module, variant=variant.name,
                    objects=len(plan.compiles), reused=len(plan.compiles) - todo, to_compile=todo)
     job.timings["plan"] = round(time.monotonic() - started, 4)

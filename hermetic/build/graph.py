@@ -28,6 +28,7 @@ import re
 import shlex
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from hermetic.build.predict import IncludeScanner, Prediction, predict
 from hermetic.errors import WorkFailed
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Recipe
-from hermetic.reporter import Reporter
+from hermetic.reporter import ProgressTask, Reporter, plural
 from hermetic.root import Root
 from hermetic.store.records import CompileCost, Producer
 
@@ -223,14 +224,17 @@ class Graph:
                                           "available_bytes": available} if depth else None
         self.reporter.event("phase", phase="compiling", graph_phase=phase, compiles=len(units),
                             waiting=sum(len(u.followers) for u in units))
+        # no closing line: the schedule's line says what the compiles took, once (build/variants.py)
         task = self.reporter.task(f"compiling {self.recipe.name}" + (" (second phase)" if phase == 2 else ""),
-                                  len(units), "objects")
+                                  len(units), "objects", closing_line=False)
         status = re.compile(r"^\[\d+/\d+\] compiled (\d+)$")
+        finished: set[int] = set()
 
         def on_line(line: str) -> None:
             m = status.match(line)
             if m:
                 task.advance(1)
+                finished.add(int(m.group(1)))
                 self._finished(by_id[int(m.group(1))], phase, producers, second)
             elif line.startswith("FAILED:"):
                 for word in line.split()[1:]:
@@ -240,10 +244,12 @@ class Graph:
         limits = Limits(self.recipe.limits.cpus, self.recipe.limits.nice, self.recipe.limits.address_space)
         env = {**self.jobs[0].env, "NINJA_STATUS": "[%f/%t] "}
         began = time.monotonic()
+        watch = _Running(units, finished, task)
         try:
             rc, tail = run_limited([_ninja(), "-k", "0", "-j", str(self.recipe.limits.jobs), "-f", str(ninja_file)],
                                    cwd=str(folder), env=env, limits=limits, on_line=on_line)
         finally:
+            watch.stop()
             task.close()
         self.report["phases"].append({"phase": phase, "compiles": len(units),
                                       "span_s": round(time.monotonic() - began, 4)})
@@ -334,9 +340,45 @@ class Graph:
         raise WorkFailed(f"compiling {self.recipe.name} failed ({len(failed)} object"
                          f"{'s' if len(failed) != 1 else ''}: {names}):\n{self.report.get('error', '')}",
                          where=self.report.get("ninja_file"),
-                         hint=f"fix the compile error above; the {kept} objects that compiled are kept"
+                         hint=f"fix the compile error above; the {plural(kept, 'objects')} that compiled are kept"
                               + (f" ({len(undecided)} of another variant waited on a failed one)"
                                  if undecided else ""))
+
+
+class _Running:
+    """Says on the compile's progress row which unit has been compiling longest, and since when (each compile
+    writes its start beside its object: build/costwrap.py), once a second on a thread of its own."""
+
+    def __init__(self, units: list[Unit], finished: set[int], task: ProgressTask) -> None:
+        self.units, self.finished, self.task = units, finished, task
+        self.started: dict[int, float] = {}   # unit id -> the wall time its compile started
+        self.quit = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="compiling", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.quit.wait(1.0):
+            running = []
+            for u in self.units:
+                if u.id in self.finished:
+                    continue
+                if u.id not in self.started:
+                    try:
+                        self.started[u.id] = float(Path(u.compile.object + ".cost.start").read_text())
+                    except (OSError, ValueError):
+                        continue
+                running.append(u)
+            if not running:
+                self.task.doing("")
+                continue
+            first = min(running, key=lambda u: self.started[u.id])
+            more = f" and {len(running) - 1} more" if len(running) > 1 else ""
+            self.task.doing(f"running {first.label}{more}",
+                            since=time.monotonic() - max(time.time() - self.started[first.id], 0.0))
+
+    def stop(self) -> None:
+        self.quit.set()
+        self.thread.join()
 
 
 def _read_cost(path: str) -> dict[str, float] | None:
@@ -353,7 +395,7 @@ def _read_cost(path: str) -> dict[str, float] | None:
 def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: int) -> Path:
     for u in units:  # a stale object must not look up to date to ninja: hermetic decided to compile
         c = u.compile
-        for p in (c.object, c.depfile, c.object + ".cost"):
+        for p in (c.object, c.depfile, c.object + ".cost", c.object + ".cost.start"):
             if os.path.lexists(p):
                 os.unlink(p)
         Path(c.object).parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from hermetic.locks.types import LockedWheel
 from hermetic.locks.validate import basename
 from hermetic.procs import Limits, TimedOut, run_limited
 from hermetic.recipe import Source
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
 from hermetic.store.records import FileMap
@@ -95,8 +95,8 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
                           "files": files, "links": {}, "refs": refs,
                           "source": {"name": src.name, "origin": origin, "subdir": src.subdir,
                                      "patches": [str(p) for p in patches]}}
-        reporter.event("source", f"prepared source {src.name} ({len(files)} files"
-                                 + (f", {len(patches)} patches" if patches else "") + ")", source=src.name)
+        reporter.event("source", f"prepared source {src.name} ({plural(len(files), 'files')}"
+                                 + (f", {plural(len(patches), 'patches')}" if patches else "") + ")", source=src.name)
     return _load(store, name)
 
 

@@ -24,7 +24,7 @@ from hermetic.build.toolchain import (
 )
 from hermetic.errors import BadInput
 from hermetic.recipe import Recipe, Variant
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import Store, blob_ref, entry_ref
 from hermetic.store.records import HostCompiler, ToolchainId
@@ -190,8 +190,8 @@ def _say_schedule(reporter: Reporter, s: dict[str, Any]) -> None:
     crit = s["critical_path"]
     busy = f", jobs {s['busy']:.0%} busy" if s.get("busy") is not None else ""
     busy += f" (CPU {s['cpu_busy']:.0%})" if s.get("cpu_busy") is not None else ""
-    reporter.event("build", f"compiled {s['compiles']} objects in {s['compile_span_s']:.1f} s on {s['jobs']} "
-                            f"jobs{busy}; longest: {crit['unit']} {crit['seconds']:.1f} s"
+    reporter.event("build", f"compiled {plural(s['compiles'], 'objects')} in {s['compile_span_s']:.1f} s on "
+                            f"{plural(s['jobs'], 'jobs')}{busy}; longest: {crit['unit']} {crit['seconds']:.1f} s"
                    + (f"; {s['waited']} waited for another variant's object" if s.get("waited") else "")
                    + (f", {s['mispredicted']} of them compiled after all" if s.get("mispredicted") else ""),
                    schedule=s)

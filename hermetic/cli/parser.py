@@ -10,7 +10,11 @@ from hermetic import __version__
 DESCRIPTION = """\
 hermetic: hermetic environments for PyTorch CUDA/C++ extension builds and GPU worker measurement.
 
-Everything it writes goes under one scratch root: --root, else $HERMETIC_ROOT, else ./.hermetic
+Everything it writes goes under one scratch root (--root, else $HERMETIC_ROOT, else ./.hermetic), but for
+`run`'s lock on its device, a file in the lock folder every user of the machine shares ($HERMETIC_LOCK_DIR,
+else a GPU runner's gpu.lock_dir, else the first of /run/lock/hermetic, /var/lock/hermetic and
+/tmp/hermetic-locks this user may create), and for what `run --record-digests` is asked to write in the
+repository (the runner's reference digests).
 Listings and other data go to stdout, progress and logs to stderr; with --json every record (events and
 the closing result) is one JSON line on stdout.
 Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met.
@@ -27,8 +31,23 @@ def _completes(action: argparse.Action, how: dict[str, str]) -> None:
     vars(action)["complete"] = how
 
 
-def _common() -> argparse.ArgumentParser:
-    """The options every command takes, before or after its name (``hermetic -q show``, ``hermetic show -q``)."""
+# What --offline does, said for each command (every command takes it, as $HERMETIC_OFFLINE=1 reaches them all)
+OFFLINE = {
+    "": "fetch nothing: no index, no remote cache (default: $HERMETIC_OFFLINE=1); each command's --help says what "
+        "it does then",
+    "realize": "fetch nothing (no index, no remote cache): a realize that would have to fetch exits 3 naming each "
+               "missing wheel by name==version with its lock file and line (default: $HERMETIC_OFFLINE=1)",
+    "run": "realize what the runner needs without fetching (no index, no remote cache): exit 3 naming each "
+           "missing wheel (default: $HERMETIC_OFFLINE=1)",
+    "verify": "with --repair, realize the roots again without fetching: what would have to be fetched exits 3 "
+              "(default: $HERMETIC_OFFLINE=1)",
+}
+NOTHING_TO_FETCH = "accepted, and changes nothing: {command} fetches nothing (default: $HERMETIC_OFFLINE=1)"
+
+
+def _common(command: str = "") -> argparse.ArgumentParser:
+    """The options every command takes, before or after its name (``hermetic -q show``, ``hermetic show -q``);
+    ``command``: whose --offline help to give."""
     p = argparse.ArgumentParser(add_help=False)
     _completes(p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
                               help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)"), DIRECTORY)
@@ -39,8 +58,7 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                    help="more detail: a line per object of a build, where each wheel is fetched from")
     p.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
-                   help="fetch nothing (no index, no remote cache); exit 3 naming what would have to be fetched "
-                        "(default: $HERMETIC_OFFLINE=1)")
+                   help=OFFLINE.get(command) or NOTHING_TO_FETCH.format(command=command))
     return p
 
 
@@ -55,13 +73,12 @@ def _zstd_level(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(prog="hermetic", description=DESCRIPTION, parents=[common],
+    parser = argparse.ArgumentParser(prog="hermetic", description=DESCRIPTION, parents=[_common()],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hermetic {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("realize", parents=[common], help="fetch, materialize and build a recipe")
+    p = sub.add_parser("realize", parents=[_common("realize")], help="fetch, materialize and build a recipe")
     _completes(p.add_argument("recipe", type=Path, help="recipe file (TOML), e.g. recipes/p2p.toml"), FILE)
     p.add_argument("--variant", metavar="NAME", help="realize one variant of the recipe")
     p.add_argument("--explain", action="store_true", help="say why each object was compiled or reused")
@@ -71,23 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     _sandbox_option(p)
     _remote_options(p)
 
-    p = sub.add_parser("gc", parents=[common], help="delete everything not reachable from a root")
+    p = sub.add_parser("gc", parents=[_common("gc")], help="delete everything not reachable from a root")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     p.add_argument("--all", action="store_true", help="remove the whole scratch root")
     p.add_argument("--drop-root", action="append", default=[], metavar="NAME",
                    help="forget the root NAME (and its realize receipts) before collecting")
 
-    p = sub.add_parser("verify", parents=[common], help="re-hash the store and report corruption")
+    p = sub.add_parser("verify", parents=[_common("verify")], help="re-hash the store and report corruption")
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
     p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
                    help="also compile N stored objects again and compare them with the stored ones")
     _sandbox_option(p)
     _remote_options(p)
 
-    sub.add_parser("show", parents=[common], help="roots, entries, sizes, last receipts")
-    sub.add_parser("status", parents=[common], help="same as show")
+    sub.add_parser("show", parents=[_common("show")], help="roots, entries, sizes, last receipts")
+    sub.add_parser("status", parents=[_common("status")], help="same as show")
 
-    p = sub.add_parser("export", parents=[common], help="write the closure of the roots to one archive")
+    p = sub.add_parser("export", parents=[_common("export")], help="write the closure of the roots to one archive")
     _completes(p.add_argument("archive", type=Path, help="output file (.tar.zst)"), FILE)
     p.add_argument("--name", action="append", default=[], metavar="ROOT",
                    help="export only these roots (default: all)")
@@ -95,16 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zstd level, 1-22 (default 19: the CUDA toolchain in 53 MB, about 2 minutes on 2 "
                         "cores; 10: 67 MB in 7 s)")
 
-    p = sub.add_parser("import", parents=[common], help="verify and add an exported archive")
+    p = sub.add_parser("import", parents=[_common("import")], help="verify and add an exported archive")
     _completes(p.add_argument("archive", type=Path), FILE)
 
-    p = sub.add_parser("env", parents=[common],
-                       help="print a realized recipe's environment, or run a command inside it")
-    _completes(p.add_argument("recipe", type=Path), FILE)
-    p.epilog = "Run a command inside it: hermetic env RECIPE.toml [--root DIR] -- CMD ARGS..."
+    p = sub.add_parser("env", parents=[_common("env")],
+                       help="print a realized recipe's environment, or run a command inside it",
+                       usage="%(prog)s [-h] [--root DIR] [--json] [-q] [-v] [--offline] RECIPE [-- CMD [ARG ...]]")
+    _completes(p.add_argument("recipe", type=Path, metavar="RECIPE", help="a realized recipe file (TOML)"), FILE)
+    p.epilog = ("Without CMD: the variables hermetic sets, as shell exports (eval \"$(hermetic env RECIPE)\"). "
+                "With -- CMD ARG...: CMD runs inside the environment, its PATH first (everything after -- is "
+                "CMD's).")
 
-    p = sub.add_parser("run", parents=[common],
-                       help="realize what a runner needs, then measure the worker under locks and limits")
+    p = sub.add_parser("run", parents=[_common("run")],
+                       help="realize what a runner needs, then measure the worker under locks and limits (the "
+                            "device's lock is a file in the shared lock folder, outside the root)")
     _completes(p.add_argument("runner", type=Path, help="runner file (TOML), e.g. runner/worker.toml"), FILE)
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                    help="where to measure (default: the GPU when NVML sees one, else the CPU)")
@@ -126,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     _sandbox_option(p)
     _remote_options(p)
 
-    p = sub.add_parser("completion", parents=[common], help="print the shell completion script (bash or zsh)")
+    p = sub.add_parser("completion", parents=[_common("completion")],
+                       help="print the shell completion script (bash or zsh)")
     p.add_argument("shell", choices=("bash", "zsh"),
                    help='bash: eval "$(hermetic completion bash)" in ~/.bashrc; zsh: hermetic completion zsh > '
                         '"${fpath[1]}/_hermetic"')

@@ -45,7 +45,7 @@ from hermetic.locks.types import Lock, LockedWheel
 from hermetic.realize.noop import noop_check
 from hermetic.realize.pipeline import chosen_variants
 from hermetic.recipe import Recipe, load_recipe
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import Store
 from hermetic.store.records import ToolchainId
@@ -333,9 +333,9 @@ def say(plan: dict[str, Any], reporter: Reporter) -> None:
     line per object with -v, and the totals."""
     c = plan["counts"]
     if plan["up_to_date"]:
-        objects = (f"; {c.get('objects_objects', 0)} objects reused" if "objects_objects" in c else "")
+        objects = (f"; {plural(c.get('objects_objects', 0), 'objects')} reused" if "objects_objects" in c else "")
         reporter.data("plan", f"dry run: {plan['recipe']} is up to date: nothing would be fetched, unpacked or "
-                              f"compiled ({c.get('wheels', 0)} wheels reused{objects}); nothing written")
+                              f"compiled ({plural(c.get('wheels', 0), 'wheels')} reused{objects}); nothing written")
         return
     lines = [f"dry run: realize {plan['recipe']} -> {plan['profile']} (nothing written)"]
     for w in plan["wheels"]:
@@ -349,15 +349,15 @@ def say(plan: dict[str, Any], reporter: Reporter) -> None:
     if tc is not None:
         lines.append(f"  {tc['action']:<8} the CUDA {tc['cuda']} toolchain's tree")
     for s in plan["sources"]:
-        what = f"{s['files']} files" if s["files"] is not None else "its archive fetched first"
+        what = plural(s["files"], "files") if s["files"] is not None else "its archive fetched first"
         size = f", {_size(s['bytes'])}" if s["action"] == "fetch" else ""
-        patched = f", {s['patches']} patches" if s["patches"] else ""
+        patched = f", {plural(s['patches'], 'patches')}" if s["patches"] else ""
         lines.append(f"  {s['action']:<8} source {s['source']} of variant {s['variant']} ({what}{patched}{size})")
     for m in plan["modules"]:
         objs = m["objects"]
         counted = {k: sum(1 for o in objs if o["decision"] == k) for k in ("compiled", "reused", "reused-variant")}
         what = "objects not known until its source is fetched" if m.get("objects_unknown") else \
-            (f"{len(objs)} objects: {counted['compiled']} compiled, {counted['reused']} reused, "
+            (f"{plural(len(objs), 'objects')}: {counted['compiled']} compiled, {counted['reused']} reused, "
              f"{counted['reused-variant']} reused across variants")
         lines.append(f"  {m['action']:<8} module {m['module']} of variant {m['variant']} ({what})")
         if reporter.verbose:
@@ -365,10 +365,10 @@ def say(plan: dict[str, Any], reporter: Reporter) -> None:
                       for o in objs]
     lines += [f"  note: {n}" for n in plan["notes"]]
     unknown = plan["fetch_bytes_unknown"]
-    total = f"fetch {c['fetched']} wheels ({_size(c['fetched_bytes'])}" + \
+    total = f"fetch {plural(c['fetched'], 'wheels')} ({_size(c['fetched_bytes'])}" + \
         (f", and {unknown} of unknown size)" if unknown else ")")
-    objects = (f"; compile {c['objects_compiled']} objects, reuse {c['objects_reused']}, reuse "
-               f"{c['objects_reused-variant']} across variants; link {c['modules_linked']} modules"
+    objects = (f"; compile {plural(c['objects_compiled'], 'objects')}, reuse {c['objects_reused']}, reuse "
+               f"{c['objects_reused-variant']} across variants; link {plural(c['modules_linked'], 'modules')}"
                if "objects_objects" in c else "")
     lines.append(f"would {total}, unpack {c['unpacked']}, reuse {c['reused']}{objects}")
     reporter.data("plan", "\n".join(lines))

@@ -291,12 +291,12 @@ class Realization:
         say_refused(self.reporter, self.sandbox)
         self.report["outside_root_audit"] = self.audit.finish(children=children_since(self.audit.started),
                                                               exclude=[self.lock_folder])
+        # the realize's one duration, in its receipt as the command says it (writing the receipt not included)
+        self.timings["total"] = round(time.monotonic() - self.started, 4)
         outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
                                         [*self.unpacked, *self.toolchain_unpacked], self.report)
         host = [*_host_paths(self.report), *([Path(self.python.executable)] if self.python else [])]
         record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), host, outcome)
-        self.lap("receipt")
-        self.timings["total"] = round(time.monotonic() - self.started, 4)
         return outcome
 
     def toolchain_locks(self) -> list[Lock]:

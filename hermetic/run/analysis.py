@@ -89,22 +89,27 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
 
     aa_label = f"{p.aa_cell}/{kernels[0]}"
 
+    def absent(*labels: str) -> list[str]:
+        """The kernel sets a comparison needs that this run did not measure."""
+        return [k for k in dict.fromkeys(lb.partition("/")[2] or kernels[0] for lb in labels) if k not in kernels]
+
     def missing(*labels: str) -> str:
         """The kernel sets a comparison needs that this run did not measure, and those it did."""
-        absent = [k for k in dict.fromkeys(lb.partition("/")[2] or kernels[0] for lb in labels) if k not in kernels]
-        if not absent:
+        sets = absent(*labels)
+        if not sets:
             return "its cells were not measured in this run"
-        return (f"needs kernel set{'s' if len(absent) != 1 else ''} {', '.join(absent)}, not measured on this "
+        return (f"needs kernel set{'s' if len(sets) != 1 else ''} {', '.join(sets)}, not measured on this "
                 f"device (it measures {', '.join(kernels)})")
 
-    pairs: list[tuple[str, str | None, str | None, str]] = []
+    pairs: list[tuple[str, str | None, str | None, str, list[str]]] = []
     if p.aa_cell:
-        pairs.append(("A/A control", aa_label, aa_label + "#aa", missing(aa_label)))
-    pairs += [(c.name, resolve(c.a), resolve(c.b), missing(c.a, c.b)) for c in runner.compares]
+        pairs.append(("A/A control", aa_label, aa_label + "#aa", missing(aa_label), absent(aa_label)))
+    pairs += [(c.name, resolve(c.a), resolve(c.b), missing(c.a, c.b), absent(c.a, c.b)) for c in runner.compares]
     comparisons: list[dict[str, Any]] = []
-    for i, (name, a, b, why) in enumerate(pairs):
+    for i, (name, a, b, why, sets) in enumerate(pairs):
         if a is None or b is None or a not in per_rep or b not in per_rep:
-            comparisons.append({"name": name, "skipped": why})
+            # not_measured: the kernel sets this device never measures (reported once, not as a row each)
+            comparisons.append({"name": name, "skipped": why, **({"not_measured": sets} if sets else {})})
             continue
         ra, rb = per_rep[a], per_rep[b]
         ok = [j for j in range(reps) if ra[j] == ra[j] and rb[j] == rb[j]]

@@ -153,10 +153,15 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                 mismatches.append({**where, "check": kind, "row": r,
                                    "positions": int((a[r] != b[r]).sum().item())})
 
+    backend = plan.get("compile", {})
     for k in kernels:
         for depth in depths:
             for batch in batches:
                 orig, sw = get("original", depth, batch, k), get("switch", depth, batch, k)
+                if k in backend:  # the first calls of a shape compile it: tens of seconds with nothing else to say
+                    say("progress", phase="checks", done=done, total=total,
+                        doing=f"compiling kernel set {k} (torch.compile, {backend[k].capitalize()}) for depth "
+                              f"{depth}, batch {batch}")
                 for s in range(n):
                     rows = [states[(s + j) % n] for j in range(batch)]
                     where = {"kernels": k, "depth": depth, "batch": batch, "state": s}
@@ -193,7 +198,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                                                        "positions": nz})
                             made += 1
                     done += 1
-                say("progress", phase="checks", done=done, total=total)
+                    say("progress", phase="checks", done=done, total=total)
     return mismatches, digests, made
 
 
@@ -384,7 +389,8 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any], kernels: di
         "kernel_sets": kernel_set_facts(kernels),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
                                                "ATEN_CPU_CAPABILITY", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
-                                               "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH")},
+                                               "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH",
+                                               "CUDA_HOME", "PATH")},
     }
     if plan["device"] == "cuda":
         p = torch.cuda.get_device_properties(0)

@@ -1,10 +1,14 @@
 """Reference digests: the batch-1 outputs of every state and depth, hashed, per device class (what changes
 arithmetic), compared with ``manifests/digests/<class>.txt`` and recorded there on request.
 
-A reference file pins the run that recorded it: the sha256 of that run's receipt and the facts the receipt
-names that can change the bits (the module files' hashes, the interpreter and torch, the worker, states and
-runner files), one ``pin SECTION NAME VALUE`` line each. When digests drift, the drift report compares this
-run's facts with the pinned ones and says whether the modules, the runtime or the inputs changed since.
+A reference file pins the run that recorded it: its receipt, copied beside the file (``receipts/``, so that it
+ships with the repository) with its sha256, and the facts that decide the bits, one ``pin SECTION NAME VALUE``
+line each: the module files' hashes; torch, its CUDA and the device class (the CPU's instruction set and vendor
+or the GPU's architecture, the thread count); the instruction set torch's CPU kernels dispatch to; the worker,
+states and runner files. Not the interpreter's path, nor how the instruction set was chosen
+(``ATEN_CPU_CAPABILITY`` or the CPU itself): those change no bit, and a note about them would be a false alarm.
+When digests drift, the drift report compares this run's facts with the pinned ones and says whether the
+modules, the runtime or the inputs changed since.
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ from hermetic.errors import BadInput
 
 # the sections of the pin, and what a difference in each means for the reader
 SECTIONS = {"module": "modules", "runtime": "runtime", "input": "inputs"}
-RUNTIME_FACTS = ("python", "executable", "torch", "torch_cuda", "threads", "cpu_capability", "cpu_vendor",
-                 "gpu_name", "capability")
-RUNTIME_ENV = ("ATEN_CPU_CAPABILITY",)  # what the measuring process was told about dispatch
+RUNTIME_FACTS = ("device_class", "torch", "torch_cuda", "cpu_capability")  # what decides the bits
+RECEIPTS = "receipts"  # beside the reference files: the receipts their pins name
 
 
 # the device class ------------------------------------------------------------------------------------------
@@ -83,40 +86,57 @@ def unknown_class_message(cls: str, path: Path) -> str:
 
 # what a receipt pins ---------------------------------------------------------------------------------------
 def receipt_facts(receipt: dict[str, Any]) -> dict[str, str]:
-    """The facts of a run receipt that can change the digests, as ``"SECTION NAME" -> value``."""
+    """The facts of a run receipt that decide the digests, as ``"SECTION NAME" -> value``."""
     facts: dict[str, str] = {}
     for name, m in sorted(receipt.get("modules", {}).items()):
         facts[f"module {name}"] = f"sha256:{m['sha256']}" if m.get("sha256") else "missing"
-    env = receipt.get("environment", {})
+    env = {**receipt.get("environment", {}), "device_class": receipt.get("device_class")}
+    if receipt.get("device") == "gpu":
+        env.pop("cpu_capability", None)  # the worker's arithmetic runs on the GPU: the host's CPU decides no bit
     for key in RUNTIME_FACTS:
         if env.get(key) is not None:
             facts[f"runtime {key}"] = str(env[key])
-    for key in RUNTIME_ENV:
-        value = (env.get("env") or {}).get(key)
-        facts[f"runtime {key}"] = value if value else "(unset)"
     for key in ("worker", "states", "runner"):
         if key in receipt:
             facts[f"input {key}"] = f"sha256:{receipt[key]['sha256']}"
     return facts
 
 
-def drift_report(pin: dict[str, Any] | None, now: dict[str, str]) -> dict[str, Any]:
-    """What differs between the pinned reference run and this one, and a sentence saying it."""
+def _pinned(key: str) -> bool:
+    """Whether a pin line is one this version compares (an older file's pins of the interpreter's path or of
+    ATEN_CPU_CAPABILITY decide no bit: they are read and left out)."""
+    section, _, name = key.partition(" ")
+    return section != "runtime" or name in RUNTIME_FACTS
+
+
+def drift_report(pin: dict[str, Any] | None, now: dict[str, str], folder: Path | None = None) -> dict[str, Any]:
+    """What differs between the pinned reference run and this one, and a sentence saying it; the receipt is
+    named where it lies (``folder``: the reference files' folder, whose ``receipts/`` ships them)."""
     if not pin:
         return {"pinned": False, "differences": [],
                 "message": "the reference pins no receipt (recorded before references did): re-record it with "
                            "--record-digests to learn, next time, whether modules or runtime changed"}
-    then = pin["facts"]
+    then = {k: v for k, v in pin["facts"].items() if _pinned(k)}
     diffs = [{"what": key, "reference": then.get(key, "(absent)"), "now": now.get(key, "(absent)")}
              for key in sorted(set(then) | set(now)) if then.get(key) != now.get(key)]
     parts = []
     for section, noun in SECTIONS.items():
         changed = [d["what"].split(" ", 1)[1] for d in diffs if d["what"].split(" ", 1)[0] == section]
         parts.append(f"{noun} changed ({', '.join(changed)})" if changed else f"{noun} unchanged")
-    return {"pinned": True, "receipt": pin["receipt"], "receipt_sha256": pin["receipt_sha256"],
-            "differences": diffs,
-            "message": f"since the reference run (receipt {pin['receipt']}, sha256 {pin['receipt_sha256'][:16]}): "
+    path = receipt_path(folder, pin["receipt"]) if folder is not None else None
+    shipped = path is not None and path.is_file()
+    named = str(path) if shipped else f"{pin['receipt']}, not in this repository"
+    return {"pinned": True, "receipt": str(path) if shipped else pin["receipt"], "receipt_shipped": shipped,
+            "receipt_sha256": pin["receipt_sha256"], "differences": diffs,
+            "message": f"since the reference run (receipt {named}; sha256 {pin['receipt_sha256'][:16]}): "
                        + "; ".join(parts)}
+
+
+def receipt_path(folder: Path | None, pinned: str) -> Path:
+    """Where the receipt a pin names lies: ``receipts/NAME`` beside the reference files (an older pin named the
+    file alone)."""
+    rel = pinned if "/" in pinned else f"{RECEIPTS}/{pinned}"
+    return (folder or Path(".")) / rel
 
 
 # the reference file ----------------------------------------------------------------------------------------
@@ -162,7 +182,7 @@ def check_digests(digests: dict[str, str], folder: Path, cls: str, *, now: dict[
     status = "mismatch" if mism else ("incomplete" if missing else "match")
     out = {"class": cls, "file": str(path), "status": "recorded" if recording else status, "mismatches": mism,
            "missing": missing, "compared": len(digests) - len(missing), "recorded": recording,
-           "drift": drift_report(pin, now)}
+           "drift": drift_report(pin, now, folder)}
     if recording:
         out["previous"] = status  # whether the reference it replaces agreed
     return out
@@ -170,15 +190,19 @@ def check_digests(digests: dict[str, str], folder: Path, cls: str, *, now: dict[
 
 def record_reference(digests: dict[str, str], folder: Path, cls: str, *, runner_name: str, receipt: Path,
                      receipt_body: dict[str, Any]) -> Path:
-    """Write ``folder/<class>.txt``: the digests and the pin of the run (its receipt, already written)."""
+    """Write ``folder/<class>.txt``: the digests and the pin of the run (its receipt, already written, copied to
+    ``folder/receipts/`` so that it is committed with the file)."""
     path = folder / f"{cls}.txt"
+    data = receipt.read_bytes()
+    shipped = folder / RECEIPTS / receipt.name
     lines = [f"# hermetic run reference digests: runner {runner_name}, device class {cls}",
              "# sha256 of the batch-1 proposals and confidence per state/depth/kernels (hashes only)",
-             "# pin: the run that recorded them (its receipt's sha256) and the facts of that receipt that can",
-             "# change the bits; a drift report compares a later run's facts with these",
-             f"pin receipt {receipt.name} sha256:{fs.sha256_file(receipt)[0]}"]
+             "# pin: the run that recorded them (its receipt, in receipts/ beside this file, and its sha256) and",
+             "# the facts that decide the bits; a drift report compares a later run's facts with these",
+             f"pin receipt {RECEIPTS}/{receipt.name} sha256:{fs.sha256_bytes(data)}"]
     lines += [f"pin {key} {value}" for key, value in receipt_facts(receipt_body).items()]
     lines += [f"{k} {v}" for k, v in sorted(digests.items())]
-    folder.mkdir(parents=True, exist_ok=True)
+    shipped.parent.mkdir(parents=True, exist_ok=True)
+    fs.atomic_write(shipped, data)
     fs.atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path

@@ -28,11 +28,19 @@ from typing import Any
 
 from hermetic import __version__, fs
 from hermetic.errors import BadInput, SandboxRefused
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.run.analysis import analyze
 from hermetic.run.devices import cpu_facts, gpu_preconditions, lock_dir, pick_device, take_lock
-from hermetic.run.digests import check_digests, combine, device_class, receipt_facts, record_reference, split_by_class
+from hermetic.run.digests import (
+    RECEIPTS,
+    check_digests,
+    combine,
+    device_class,
+    receipt_facts,
+    record_reference,
+    split_by_class,
+)
 from hermetic.run.spec import Runner, load_runner
 from hermetic.store import entry_ref
 
@@ -49,7 +57,9 @@ class RunOutcome:
 # realize ---------------------------------------------------------------------------------------------------
 def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None,
                 offline: bool = False, sandbox: str | None = None) -> list[dict[str, Any]]:
+    from hermetic.realize.env import toolchain_home
     from hermetic.realize.noop import noop_check
+    from hermetic.recipe import load_recipe
     out = []
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
@@ -57,10 +67,12 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
             from hermetic.realize.pipeline import realize
             outcome = realize(root, path, reporter, remote=remote, offline=offline, sandbox=sandbox)
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
+        cuda_home = toolchain_home(root, load_recipe(path))
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
                     "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
                     "receipt": str(outcome.receipt) if outcome.receipt else None,
-                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda})
+                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda,
+                    "cuda_home": str(cuda_home) if cuda_home else None})
         reporter.event("run-realize", f"{'realized' if outcome.changed else 'up to date:'} {outcome.name}")
     return out
 
@@ -68,10 +80,15 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
 # the measuring process -------------------------------------------------------------------------------------
 def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, Any]], gpu_uuids: list[str]
               ) -> dict[str, str]:
-    """A cleared environment: only what the run sets, caches inside the root, realized modules first."""
+    """A cleared environment: only what the run sets, caches inside the root, realized modules first, and the
+    first realized toolchain as CUDA_HOME and on PATH (none without one: never a system CUDA)."""
     spec = runner.device(kind)
+    toolchain = next((r["cuda_home"] for r in realized if r.get("cuda_home")), None)
     base = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     env = root.child_env(base)
+    if toolchain:
+        env["CUDA_HOME"] = env["CUDA_PATH"] = toolchain
+        env["PATH"] = f"{toolchain}/bin:{env['PATH']}"
     threads = str(spec.threads)
     paths = [r["profile"] for r in realized] + [str(Path(__file__).resolve().parents[2])]
     env.update({
@@ -146,13 +163,17 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
         if rec.get("event") == "progress":
             phase = rec["phase"]
             if phase not in tasks:  # a phase begins: the one before it has ended, its bar finished and stopped
-                for t, _ in tasks.values():
+                for t, *_ in tasks.values():
                     t.close()
                 tasks.clear()
-                tasks[phase] = [reporter.task(f"run {phase}", rec.get("total"), "steps"), 0]
+                tasks[phase] = [reporter.task(f"run {phase}", rec.get("total"), "steps"), 0, "", 0.0]
             t = tasks[phase]
             t[0].advance(rec["done"] - t[1])
             t[1] = rec["done"]
+            doing = rec.get("doing", "")
+            if doing != t[2]:  # what the process does now (compiling a kernel set), said with its seconds
+                t[2], t[3] = doing, time.monotonic()
+                t[0].doing(doing, since=t[3])
         elif rec.get("event") == "warning":
             reporter.warn(rec.get("message", ""))
 
@@ -166,7 +187,7 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
     finally:
         guard.stop()
         log.close()
-        for t, _ in tasks.values():
+        for t, *_ in tasks.values():
             t.close()
     raw_path = Path(plan["results"])
     raw = json.loads(raw_path.read_text()) if rc == 0 and raw_path.exists() else None
@@ -280,9 +301,10 @@ class Measurement:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.run_dir = self.root.path / "runs" / f"{self.runner.name}-{stamp}-{os.getpid()}"
         self.run_dir.mkdir(parents=True)
-        self.reporter.event("run-start", f"measuring {self.runner.name} on the {self.kind} ({len(self.runner.cells)} "
-                                         f"cells x {len(self.spec.kernels)} kernel sets, "
-                                         f"{self.runner.protocol.repetitions} repetitions)")
+        self.reporter.event("run-start", f"measuring {self.runner.name} on the {self.kind} "
+                                         f"({plural(len(self.runner.cells), 'cells')} x "
+                                         f"{plural(len(self.spec.kernels), 'kernel sets')}, "
+                                         f"{plural(self.runner.protocol.repetitions, 'repetitions')})")
         t = time.monotonic()
         with self.sandbox.confined():
             self.raw, self.guard, self.rc, self.tail, self.refused = measure_in_child(
@@ -325,7 +347,8 @@ class Measurement:
         t = time.monotonic()
         analysis = analyze(raw, runner, kind)
         cls = device_class(kind, raw["environment"])
-        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]))
+        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]),
+                         device_class=cls)
         self.digest_groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
         dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(self.body),
                                      recording=self.record_digests) for c, group in self.digest_groups.items()])
@@ -390,7 +413,8 @@ class Measurement:
                 path = record_reference(group, self.runner.digests, cls, runner_name=name, receipt=receipt,
                                         receipt_body=self.body)
                 self.reporter.event("run-record", f"recorded {len(group)} reference digests in {path}, "
-                                                  f"pinned to receipt {receipt.name}", path=str(path))
+                                                  f"pinned to receipt {receipt.name} (copied to "
+                                                  f"{path.parent / RECEIPTS}: commit both)", path=str(path))
         return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
 
 
@@ -448,25 +472,30 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
             reporter.event("run-cell", f"  {label:32s} median {c['median']:10.1f} us  IQR {100 * c['rel_iqr']:5.2f} %"
                                        f"  n={c['n']}", label=label)
     for c in a["comparisons"]:
+        if "not_measured" in c:  # said once, below
+            continue
         if "skipped" in c:
             reporter.event("run-compare", f"  {c['name']}: skipped ({c['skipped']})")
             continue
         lo, hi = c["sign_ci"]
         reporter.event("run-compare", f"  {c['name']}: ratio {c['ratio']:.4f} [{lo:.4f}, {hi:.4f}] "
                                       f"({100 * c['sign_confidence']:.1f} %) -> {c['decision']}")
+    from hermetic.run.report import not_measured_line
+    if unmeasured := not_measured_line(results):
+        reporter.event("run-compare", f"  {unmeasured}")
     chk = results["checks"]
-    reporter.event("run-checks", f"exactness: {chk['exactness']['comparisons']} comparisons, "
-                                 f"{chk['exactness']['mismatches']} mismatches; digests: "
+    reporter.event("run-checks", f"exactness: {plural(chk['exactness']['comparisons'], 'comparisons')}, "
+                                 f"{plural(chk['exactness']['mismatches'], 'mismatches')}; digests: "
                                  + ", ".join(f"{c} {v['status']}" for c, v in (dig.get("classes") or
                                                                                 {dig["class"]: dig}).items()))
     comp = chk["compile"]
     for k, v in comp["sets"].items():
-        reporter.event("run-compile", f"compiled set {k}: {v['status']} ({v['reason']}; {v['graphs']} graphs, "
-                                      f"{v['compile_s']:.1f} s in the backend)")
+        reporter.event("run-compile", f"compiled set {k}: {v['status']} ({v['reason']}; "
+                                      f"{plural(v['graphs'], 'graphs')}, {v['compile_s']:.1f} s in the backend)")
         if not v["compiled"]:
             reporter.warn(f"kernel set {k} is not what it claims to be: {v['reason']}")
     if comp["sets"]:
-        reporter.event("run-compile", f"compiles: {comp['inductor_cache_misses']} graphs compiled, "
+        reporter.event("run-compile", f"compiles: {plural(comp['inductor_cache_misses'], 'graphs')} compiled, "
                                       f"{comp['inductor_cache_hits']} loaded from the cache "
                                       f"({comp['cache']}); {comp['warmup_seconds']:.1f} s before the first timed "
                                       f"call")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
+from hermetic.reporter import plural
 from hermetic.root import Root
 from hermetic.run import stats
 from hermetic.run.spec import Runner
@@ -76,6 +77,8 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
               "| comparison | a | b | ratio | sign-test CI (conf.) | bootstrap CI | decision | reps for target |",
               "|---|---|---|---:|---|---|---|---:|"]
     for c in a["comparisons"]:
+        if "not_measured" in c:  # said once, below the table
+            continue
         if "skipped" in c:
             lines.append(f"| {c['name']} | {c.get('a', '')} | {c.get('b', '')} | - | - | - | skipped: "
                          f"{c['skipped']} | - |")
@@ -83,6 +86,9 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
         lines.append(f"| {c['name']} | {c['a']} | {c['b']} | {c['ratio']:.4f} | [{c['sign_ci'][0]:.4f}, "
                      f"{c['sign_ci'][1]:.4f}] ({100 * c['sign_confidence']:.1f} %) | [{c['bootstrap_ci'][0]:.4f}, "
                      f"{c['bootstrap_ci'][1]:.4f}] | {c['decision']} | {c['repetitions_needed']:,} |")
+    unmeasured = not_measured_line(results)
+    if unmeasured:
+        lines += ["", unmeasured]
     f = results["flags"]
     lines += ["", "## Flags", "", "* A/A control: " + _aa_line(a),
               f"* drift across repetitions: {', '.join(f['drift']) if f.get('drift') else 'none flagged'}",
@@ -106,6 +112,19 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
         lines += ["", f"![per-repetition medians and ratios]({plot.name})", ""]
     fs.atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path
+
+
+def not_measured_line(results: dict[str, Any]) -> str:
+    """One line for the comparisons that need kernel sets this device never measures (a CPU has no stock,
+    facc or Triton kernels): named together, not as a row each."""
+    skipped = [c for c in results["analysis"]["comparisons"] if "not_measured" in c]
+    if not skipped:
+        return ""
+    sets = ", ".join(dict.fromkeys(k for c in skipped for k in c["not_measured"]))
+    measured = ", ".join(results.get("kernels") or [])
+    return (f"Not compared on the {results['device']}, which does not measure kernel sets {sets}"
+            + (f" (it measures {measured})" if measured else "") + ": "
+            + ", ".join(c["name"] for c in skipped) + ".")
 
 
 def _ranges(cpus: list[int]) -> str:
@@ -139,15 +158,16 @@ def compile_lines(comp: dict[str, Any] | None) -> list[str]:
     classes = ""
     for k, v in comp["sets"].items():
         lines.append(f"* compiled set `{k}`: **{'pass' if v['compiled'] else 'FAIL'}**, {v['status']}: "
-                     f"{v['reason']} ({v['graphs']} graphs for {v['calls']} calls, {v['compile_s']:.1f} s "
-                     f"in the backend)")
+                     f"{v['reason']} ({plural(v['graphs'], 'graphs')} for {plural(v['calls'], 'calls')}, "
+                     f"{v['compile_s']:.1f} s in the backend)")
     for k, why in comp.get("skipped", {}).items():
         lines.append(f"* kernel set `{k}`: skipped ({why})")
     timed = ("nothing compiled and nothing written into the kernel caches" if comp["timed_clean"]
              else f"**compiled inside the timed calls** ({comp['timed_events']}): FAIL")
     if comp["sets"]:
-        classes = (f"; {comp['inductor_cache_misses']} graphs compiled, {comp['inductor_cache_hits']} loaded "
-                   f"from the kernel cache, {comp['cache_files_written']} cache files written; "
+        classes = (f"; {plural(comp['inductor_cache_misses'], 'graphs')} compiled, "
+                   f"{comp['inductor_cache_hits']} loaded from the kernel cache, "
+                   f"{plural(comp['cache_files_written'], 'cache files')} written; "
                    f"{comp['warmup_seconds']:.1f} s from the start to the first timed call")
     lines.append(f"* timed phase: {timed}{classes}")
     return lines
@@ -223,6 +243,7 @@ def plot_figure(results: dict[str, Any]) -> Any:
         _clipped(left, meds[label], i, lo, hi, s=14, alpha=0.7)
         left.plot([a["cells"][label]["median"]] * 2, [i - 0.3, i + 0.3], color="black")
     left.set_xlim(lo, hi)
+    _plain_ticks(left)
     left.set_yticks(range(len(labels)), labels, fontsize=8)
     left.set_xlabel("per-repetition median, us (values beyond the axis: red arrows, labelled)")
     left.set_title("cells")
@@ -236,6 +257,7 @@ def plot_figure(results: dict[str, Any]) -> Any:
         _clipped(right, c["ratios"], i - 0.15, rlo, rhi, s=10, color="gray")
         right.scatter([c["ratio"]], [i], color="black", zorder=3)
     right.set_xlim(rlo, rhi)
+    _plain_ticks(right)
     right.axvline(1.0, color="black", linewidth=0.8)
     right.axvspan(1 - thr, 1 + thr, color="green", alpha=0.1)
     right.set_yticks(range(len(comps)), [c["name"] for c in comps], fontsize=8)
@@ -244,6 +266,12 @@ def plot_figure(results: dict[str, Any]) -> Any:
     fig.suptitle(f"{results['runner']} on {results['device_class']}")
     fig.tight_layout()
     return fig
+
+
+def _plain_ticks(ax: Any) -> None:
+    """Tick labels that say the values themselves: no offset or "1e6" drawn at the axis' end, where it lands on
+    the x label (a narrow ratio axis around 1, or microseconds past a million)."""
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
 
 
 def write_plot(path: Path, results: dict[str, Any], root: Root) -> Path | None:

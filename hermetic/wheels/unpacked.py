@@ -17,7 +17,7 @@ from hermetic import fs
 from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.keys import unpacked_key
 from hermetic.locks.types import Lock, LockedWheel
-from hermetic.reporter import Reporter
+from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import Staging, Store, entry_name
 from hermetic.store.records import EntryPoint
@@ -94,8 +94,16 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     get = _Acquire(store, reporter, counts, None if offline else share, _Accepts(tags), offline)
     if offline and (missing := offline_missing(store, locks, tags)):
         raise offline_error(missing)
+    present = {w: _existing_unpacked(store, w, get.accepts) for w in wheels}
+    if lacking := [w for w, found in present.items() if found is None]:  # said before the index is asked
+        sizes = [w.size for w in lacking]
+        size = f", {sum(s for s in sizes if s) / 1e6:.1f} MB" if all(sizes) else ""
+        reporter.event("fetch-start", f"fetching {plural(len(lacking), 'wheels')} the store lacks{size}: "
+                                      + ", ".join(f"{w.name}=={w.version}" if w.version else w.filename or w.name
+                                                  for w in lacking),
+                       wheels=[w.name for w in lacking])
     for w in wheels:
-        found = _existing_unpacked(store, w, get.accepts)
+        found = present[w]
         if found is not None:
             out.append(found)
             counts["reused"] += 1

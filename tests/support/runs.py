@@ -82,6 +82,7 @@ def make_worker(ctx):
 
 def small_repo(base: Path, worker_source: str | None = None, *, memory: str = "6G") -> Path:
     """A throw-away repository: the p2p recipe and its lock, the reference worker, a small runner."""
+    (base / ".git").mkdir(parents=True)  # its paths must stay inside this repository, not the one it lies in
     shutil.copytree(REPO / "recipes" / "p2p", base / "recipes" / "p2p")
     shutil.copy(REPO / "recipes" / "p2p.toml", base / "recipes" / "p2p.toml")
     (base / "manifests").mkdir()
