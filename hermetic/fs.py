@@ -202,6 +202,22 @@ def remove_tree(top: Path) -> int:
     return freed
 
 
+def remove_aside(folder: Path) -> bool:
+    """Remove a folder whole, renamed aside first (a sibling of a fresh name): whoever writes into it meanwhile
+    finds it gone, never half removed. False when there was nothing there."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(folder)
+        return True
+    aside = folder.with_name(f".{folder.name}.removed.{os.getpid()}.{os.urandom(3).hex()}")
+    os.replace(folder, aside)
+    remove_tree(aside)
+    return True
+
+
 def resolve(path: Path) -> Path:
     """``path.resolve()``, a loop of symbolic links raising an OSError that names the path (ELOOP) like every
     other file-system error (Python before 3.13 raises a RuntimeError)."""

@@ -93,7 +93,7 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.store.verify import drop_corrupt, verify
+    from hermetic.store.verify import repair, verify
     store = Store(root.store)
     if not store.exists():
         reporter.event("verify", f"no store at {root.store}: nothing to verify")
@@ -101,11 +101,20 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         return 0
     store.open()
     report = verify(store, root)
+    for p in report.warnings:
+        reporter.warn(p.what, path=p.name)
     for p in report.problems:
         reporter.event("problem", f"{p.kind} {p.name}: {p.what}", kind=p.kind, name=p.name, what=p.what)
+    left: list[str] = []
     if report.problems and args.repair:
-        removed = drop_corrupt(store, report.problems)
-        reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
+        done = repair(store, root, report)
+        left = done.in_use + done.changed
+        for item in done.in_use:
+            reporter.warn(f"{item}: in use by another hermetic process: not removed", item=item)
+        for item in done.changed:
+            reporter.warn(f"{item}: changed since verify looked at it (written again meanwhile): not removed",
+                          item=item)
+        reporter.event("repair", f"removed {len(done.removed)} corrupt items; realizing the roots again")
         _realize_roots(root, reporter, _remote(args), args.offline, args.sandbox)
         report = verify(store, root)
     rebuilt = []
@@ -128,8 +137,8 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
                              + ("all valid" if not report.problems else f"{len(report.problems)} problems")
                              + (f"; rebuilt {len(rebuilt)} objects: {len(mismatches)} mismatches" if rebuilt else ""))
     reporter.result("verify", ok, 0 if ok else 1, blobs=report.blobs, entries=report.entries,
-                    problems=[p.__dict__ for p in report.problems],
-                    rebuilt=[r.__dict__ for r in rebuilt])
+                    problems=[p.__dict__ for p in report.problems], not_removed=left,
+                    strays=[p.name for p in report.warnings], rebuilt=[r.__dict__ for r in rebuilt])
     return 0 if ok else 1
 
 
