@@ -225,12 +225,13 @@ def make_tree_readonly(top: Path) -> None:
 def remove_tree(top: Path) -> int:
     """Delete a (possibly read-only) tree; returns the bytes of regular files whose last link went."""
     freed = 0
-    if top.is_symlink() or top.is_file():
-        st = top.lstat()
-        top.unlink()
-        return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
-    if not top.exists():
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
         return 0
+    if not stat.S_ISDIR(st.st_mode):  # a file, a link, a FIFO: never opened, never followed
+        os.unlink(top)
+        return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
     for dirpath, _dirnames, filenames in os.walk(top):
         os.chmod(dirpath, 0o755)
         for name in filenames:

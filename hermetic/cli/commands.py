@@ -5,7 +5,6 @@ pays only for what it runs (a no-op realize imports neither the build nor reques
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 from hermetic.errors import BadInput
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import Store
+from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
 
 if TYPE_CHECKING:
@@ -144,9 +143,14 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool,
                    sandbox: str | None) -> None:
+    from hermetic.errors import BadRecord
     from hermetic.realize.pipeline import realize
-    for p in sorted(root.roots.glob("*.json")):
-        recipe = Path(json.loads(p.read_text()).get("recipe", ""))
+    from hermetic.store.roots import read_root, root_files
+    for p in root_files(root.roots):
+        try:
+            recipe = Path(read_root(p)["recipe"])
+        except (FileNotFoundError, BadRecord):
+            continue  # dropped meanwhile, or a bad root repair could not remove: verify says so again
         if recipe.is_file():
             realize(root, recipe, reporter, remote=remote, offline=offline, sandbox=sandbox)
         else:
@@ -154,22 +158,59 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
 
 
 def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """What the root holds, read without a lock and with lstat only: what vanishes while it is read is skipped,
+    a bad record or a stray is said and counted, never fatal (docs/layout.md, "A bad record")."""
     store = Store(root.store)
     info: dict[str, object] = {"root": str(root.path), "store": store.exists()}
     if store.exists():
-        entries = store.iter_entries()
-        blobs = list(store.iter_blobs())
-        size = sum(os.lstat(b).st_size for _d, _x, b in blobs)
-        roots = sorted(p.stem for p in root.roots.glob("*.json"))
-        receipts = sorted(root.receipts.glob("*.json"))[-5:]
-        profiles = {p.name: os.readlink(p) for p in sorted(root.profiles.iterdir()) if p.is_symlink()}
+        from hermetic.errors import BadRecord
+        from hermetic.store.roots import read_receipt, read_root, root_files
+        entries, entry_strays = store.scan_entries()
+        blobs, blob_strays = store.scan_blobs()
+        size = sum(st.st_size for _d, _x, _p, st in blobs)
+        bad: list[str] = []
+        roots = []
+        for p in root_files(root.roots):
+            try:
+                read_root(p)
+                roots.append(p.stem)
+            except FileNotFoundError:
+                continue
+            except BadRecord as e:
+                reporter.warn(e.render()[len("error: "):], path=str(p))
+                bad.append(str(p))
+        receipts = []
+        for p in root_files(root.receipts):
+            try:
+                read_receipt(p)
+                receipts.append(p)
+            except FileNotFoundError:
+                continue
+            except BadRecord as e:
+                reporter.warn(e.render()[len("error: "):], path=str(p))
+                bad.append(str(p))
+        receipts = receipts[-5:]
+        profiles = {}
+        for name in list_names(root.profiles):
+            link = root.profiles / name
+            try:
+                profiles[name] = os.readlink(link)
+            except FileNotFoundError:
+                continue
+            except OSError:  # not a link: a bad profile
+                reporter.warn(f"{link}: the profile is not a link to an entry; run `hermetic verify --repair`",
+                              path=str(link))
+                bad.append(str(link))
+        strays = [str(s.path) for s in (*entry_strays, *blob_strays)]
         info.update(entries=len(entries), blobs=len(blobs), blob_bytes=size, roots=roots,
-                    profiles=profiles, last_receipts=[str(r) for r in receipts])
+                    profiles=profiles, last_receipts=[str(r) for r in receipts], strays=strays, bad_records=bad)
         # the listing is data: stdout (`hermetic show | cat`)
         reporter.data("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
-                              f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}"
+                              f"({size / 1e6:.1f} MB)" + (f", {len(strays)} strays" if strays else "")
+                              + f"\n  roots: {', '.join(roots) or '-'}"
                               + "".join(f"\n  profile {k} -> {v}" for k, v in profiles.items())
-                              + "".join(f"\n  receipt {r.name}" for r in receipts))
+                              + "".join(f"\n  receipt {r.name}" for r in receipts)
+                              + (f"\n  bad records: {len(bad)} (hermetic verify --repair)" if bad else ""))
     else:
         reporter.data("show", f"scratch root {root.path}: no store yet")
     reporter.result("show", True, 0, **info)

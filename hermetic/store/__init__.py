@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from hermetic import fs
-from hermetic.errors import WorkFailed
+from hermetic.errors import BadRecord, WorkFailed
 
 if TYPE_CHECKING:  # the record types: not imported at run time, so a no-op realize never creates them
     from hermetic.store.records import (
@@ -184,8 +184,13 @@ class Store:
     # opening ---------------------------------------------------------------
     def open(self) -> Store:
         fmt = self.path / "FORMAT"
-        if fmt.exists():
-            found = fmt.read_text().strip()
+        if os.path.lexists(fmt):
+            try:
+                found = fs.read_regular(fmt, 4096).decode(errors="replace").strip()
+            except (fs.NotRegularFile, ValueError):
+                raise WorkFailed("the store's FORMAT is not a small regular file", where=str(fmt),
+                                 hint="move it away if hermetic did not write it; `hermetic gc --all` starts "
+                                      "the root afresh") from None
             if found != f"hermetic-store {STORE_FORMAT}":
                 raise WorkFailed(f"the store has format {found!r}; this hermetic reads format {STORE_FORMAT}",
                                  where=str(fmt), hint="use a matching hermetic, or `hermetic gc --all`")
@@ -357,22 +362,21 @@ class Store:
         return meta is not None and stat.S_ISREG(meta.st_mode)
 
     def record(self, name: str) -> EntryRecord:
-        """An entry's record (OSError when the entry does not exist; WorkFailed when its record is damaged)."""
+        """An entry's record (OSError when the entry does not exist; BadRecord, exit 2, when its record fails its
+        check: docs/layout.md, "A bad record")."""
+        from hermetic.store.records import entry_problem, read_checked
         path = self.entries / name / ENTRY_META
         try:
-            meta: Any = fs.read_json(path)
-        except (ValueError, UnicodeDecodeError):  # a damaged record: say so, never use it
-            raise WorkFailed(f"store entry {name} is corrupt: its record is not valid JSON", where=str(path),
-                             hint="run `hermetic verify --repair`") from None
-        if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-            raise WorkFailed(f"store entry {name} is corrupt: its record is not one of a known kind",
-                             where=str(path), hint="run `hermetic verify --repair`")
+            meta: Any = read_checked(path, lambda m: entry_problem(m, name), f"record of store entry {name}")
+        except BadRecord as e:
+            raise BadRecord(f"store entry {name} is corrupt: {e.what}", where=str(path),
+                            hint="run `hermetic verify --repair`") from None
         return cast("EntryRecord", meta)
 
     def _record_of(self, name: str, kind: str) -> EntryRecord:
         rec = self.record(name)
         if rec["kind"] != kind:
-            raise WorkFailed(f"store entry {name} is a {rec['kind']} entry where a {kind} entry was expected",
+            raise BadRecord(f"store entry {name} is a {rec['kind']} entry where a {kind} entry was expected",
                              where=str(self.entries / name / ENTRY_META), hint="run `hermetic verify --repair`")
         return rec
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hermetic import fs
+from hermetic.errors import BadRecord
 from hermetic.root import CACHES, Root
 from hermetic.store import (
     ENTRY_META,
-    KINDS,
     NotRegular,
     Store,
     Stray,
@@ -47,16 +47,17 @@ from hermetic.store import (
     lstat_or_none,
     split_blob_name,
 )
+from hermetic.store.records import RECORD_LIMIT, entry_problem, read_checked
+from hermetic.store.roots import read_receipt, read_root, root_files
 
 Identity = tuple[int, int]   # (st_dev, st_ino): the same file, whatever happened to its links and mode
 
-RECORD_LIMIT = 256 << 20     # an entry record larger than this is damage, not a record (trees list files)
 
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str       # blob, entry, tree, stray, profile, cache, bytecode
-    name: str       # blob name, entry name, or the path of a stray, profile, cache or bytecode file
+    kind: str       # blob, entry, tree, stray, root, receipt, profile, cache, bytecode
+    name: str       # blob name, entry name, or the path of the file (a stray, a root, a cache record...)
     what: str
 
 
@@ -101,6 +102,7 @@ def verify(store: Store, root: Root) -> VerifyReport:
             report.problems += _entry_still_bad(store, name, report.seen_entries[name], bad_blobs, found)
         for stray in [*blob_strays, *entry_strays]:
             _stray(report, store, stray)
+    report.problems += _check_roots(root)
     report.problems += _check_profiles(store, root)
     report.problems += _check_caches(root)
     report.problems += _check_bytecode(root)
@@ -146,40 +148,6 @@ def _blob_still_bad(store: Store, p: Problem, seen: dict[str, Identity]) -> bool
 
 
 # entries ----------------------------------------------------------------------------------------------
-def read_record(path: Path) -> object:
-    """An entry's record, opened only as a regular file of a sane size; OSError or ValueError otherwise."""
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"it is {describe(st.st_mode)}, not a file")
-    if st.st_size > RECORD_LIMIT:
-        raise ValueError(f"{st.st_size} bytes: larger than any record")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("it is no longer a file")
-        chunks = []
-        while chunk := os.read(fd, fs.CHUNK):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return json.loads(b"".join(chunks))
-
-
-def _record_problem(meta: object, name: str) -> str | None:
-    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-        return "its record is not one of a known kind"
-    if meta.get("name") != name:
-        return f"its record names {meta.get('name')!r}"
-    files = meta.get("files", {})
-    if not isinstance(files, dict) or not all(
-            isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str) for spec in files.values()):
-        return "its record's files are not a map of paths to blobs"
-    links = meta.get("links", {})
-    if not isinstance(links, dict) or not all(isinstance(t, str) for t in links.values()):
-        return "its record's links are not a map of paths to targets"
-    return None
-
-
 def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int] | None,
                  bad_blobs: set[str]) -> list[Problem]:
     """An entry against its record and its blobs. ``inodes``: the blobs' inodes as the snapshot saw them;
@@ -187,11 +155,11 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int] | 
     problems: list[Problem] = []
     path = store.entry_path(name)
     try:
-        meta = read_record(path / ENTRY_META)
-    except (OSError, ValueError) as e:
-        return [Problem("entry", name, f"meta.json unreadable: {e}")]
-    if (bad := _record_problem(meta, name)) is not None or not isinstance(meta, dict):
-        return [Problem("entry", name, f"meta.json is damaged: {bad}")]
+        meta = read_checked(path / ENTRY_META, lambda m: entry_problem(m, name), "record (meta.json)")
+    except FileNotFoundError:
+        return [Problem("entry", name, "meta.json is missing")]
+    except BadRecord as e:
+        return [Problem("entry", name, e.what)]
 
     def blob_inode(digest: str, executable: bool) -> int | None:
         if inodes is not None:
@@ -279,6 +247,20 @@ def _stray(report: VerifyReport, store: Store, stray: Stray) -> None:
                                                                  "(hermetic owns nothing of that name)"))
 
 
+def _check_roots(root: Root) -> list[Problem]:
+    """Every gc root and receipt must pass its check: a bad one makes gc refuse to collect."""
+    problems = []
+    for kind, folder, read in (("root", root.roots, read_root), ("receipt", root.receipts, read_receipt)):
+        for path in root_files(folder):
+            try:
+                read(path)
+            except FileNotFoundError:
+                continue
+            except BadRecord as e:
+                problems.append(Problem(kind, str(path), e.what))
+    return problems
+
+
 def _check_profiles(store: Store, root: Root) -> list[Problem]:
     """Each profile must be a link to an entry's ``out/`` folder that is there."""
     problems = []
@@ -334,7 +316,11 @@ def _check_caches(root: Root) -> list[Problem]:
 
 def _cache_problem(path: Path) -> str | None:
     try:
-        record = read_record(path)
+        record = json.loads(fs.read_regular(path, RECORD_LIMIT))
+    except fs.NotRegularFile as e:
+        return f"is {e.strerror}"
+    except FileNotFoundError:
+        return None   # replaced meanwhile (an atomic write)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         return f"unreadable: {e}"
     if path.name in ("inputs.json", "includes.json"):   # a fs.FingerprintTable: file -> [fingerprint, fact]
@@ -410,7 +396,7 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
             path = store.entry_path(name)
             _remove(done, path, report.seen_entries.get(name), entry_ref(name) in pinned, f"entry {name}",
                     entry=(store, name))
-    for kind in ("profile", "cache"):
+    for kind in ("root", "receipt", "profile", "cache"):
         for spath in sorted(by_kind.get(kind, ())):
             st = lstat_or_none(spath)
             if st is not None and not stat.S_ISDIR(st.st_mode):
