@@ -123,7 +123,8 @@ def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
                 "give this user access (read for inputs; write for the scratch root and the lock folder), or "
                 "choose a path it may use")
     if code == errno.EROFS:
-        return (f"{path} is on a read-only file system",
+        mount = _mount_of(path, _mount_points())
+        return (f"{path} is on a read-only file system" + (f" (the mount at {mount})" if mount else ""),
                 "choose a path on a writable file system (the scratch root and the lock folder are written to)")
     if code == errno.EXDEV:
         return (f"{path} is a mount point inside the scratch root, so hermetic cannot move files across it (it "

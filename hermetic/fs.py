@@ -433,6 +433,10 @@ def process_scratch_dir(prefix: str) -> Path:
     return _PROCESS_SCRATCH[prefix]
 
 
+CACHE_LIMIT = 256 << 20   # a derived cache's record larger than this is damage (the largest, the input hashes of
+                          # a build of thousands of files, is a few MB)
+
+
 class FingerprintCache:
     """A derived fact (a parsed lock, an interpreter's facts, a tool's answer) trusted while the stat
     fingerprints of the files it was derived from are unchanged.
@@ -452,15 +456,15 @@ class FingerprintCache:
 
     def get(self, key: str) -> Any:
         """The value stored under ``key`` while every input it names still has its fingerprint; else None."""
-        try:
-            rec = json.loads(self._path(key).read_bytes())
+        try:  # a damaged record (cut short, not JSON, a FIFO or a link in its place) is a miss, never a hang
+            rec = json.loads(read_regular(self._path(key), CACHE_LIMIT))
             if rec["key"] != key:
                 return None
             for path, fp in rec["inputs"].items():
                 if fingerprint(path) != (tuple(fp) if fp is not None else None):
                     return None
             return rec["value"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def put(self, key: str, value: Any, inputs: Sequence[Path | str] = ()) -> None:
@@ -470,10 +474,14 @@ class FingerprintCache:
         record = {"key": key, "inputs": {str(p): fingerprint(p) for p in inputs}, "value": value}
         data = canonical_json(record)
         path = self._path(key)
-        with contextlib.suppress(OSError):
-            if path.read_bytes() == data:
+        with contextlib.suppress(OSError, ValueError):
+            if read_regular(path, CACHE_LIMIT) == data:
                 return  # unchanged: a no-op writes nothing
-        atomic_write(path, data, durable=False)
+        try:
+            atomic_write(path, data, durable=False)   # over a damaged one too (rename replaces a FIFO or a link)
+        except IsADirectoryError:   # a folder where the record belongs: derived state, removed and written anew
+            remove_tree(path)
+            atomic_write(path, data, durable=False)
 
     def values(self) -> Iterator[Any]:
         """Every value still valid, in no particular order."""
@@ -481,8 +489,10 @@ class FingerprintCache:
             return
         for path in sorted(self.folder.glob("*.json")):
             try:
-                key = json.loads(path.read_bytes())["key"]
+                key = json.loads(read_regular(path, CACHE_LIMIT))["key"]
             except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if not isinstance(key, str):
                 continue
             value = self.get(key)
             if value is not None:
@@ -503,18 +513,19 @@ class FingerprintTable:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            loaded = json.loads(path.read_bytes())
+        try:  # damaged (cut short, a FIFO in its place): every fact a miss, and the table written anew
+            loaded = json.loads(read_regular(path, CACHE_LIMIT))
             self.facts: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.facts = {}
         self.dirty = False
 
     def get(self, file: str) -> tuple[Fingerprint | None, Any]:
-        """(the file's fingerprint now, its fact if that fingerprint is the recorded one, else None)."""
+        """(the file's fingerprint now, its fact if that fingerprint is the recorded one, else None: a fact of
+        another shape, from a damaged table, is a miss too)."""
         fp = fingerprint(file)
         rec = self.facts.get(file)
-        if fp is None or rec is None or rec[0] != list(fp):
+        if fp is None or not isinstance(rec, list) or len(rec) != 2 or rec[0] != list(fp):
             return fp, None
         return fp, rec[1]
 

@@ -354,12 +354,11 @@ class Store:
         return self.entries / name
 
     def has_entry(self, name: str) -> bool:
-        """Whether the entry is there: a folder (never a link) holding its record as a regular file."""
+        """Whether the entry is there: a folder (never a link) holding its record. A record that is damaged
+        (not a file, not JSON) still says the entry is there: reading it (``record``) says what is wrong."""
         folder = lstat_or_none(self.entries / name)
-        if folder is None or not stat.S_ISDIR(folder.st_mode):
-            return False
-        meta = lstat_or_none(self.entries / name / ENTRY_META)
-        return meta is not None and stat.S_ISREG(meta.st_mode)
+        return folder is not None and stat.S_ISDIR(folder.st_mode) and \
+            lstat_or_none(self.entries / name / ENTRY_META) is not None
 
     def record(self, name: str) -> EntryRecord:
         """An entry's record (OSError when the entry does not exist; BadRecord, exit 2, when its record fails its
@@ -445,11 +444,17 @@ class Store:
 
         Pin and check happen under the gc lock (shared): gc plans and deletes under it (exclusive), so it
         either sees this pin or has finished deleting before the check. Without the lock, gc could plan,
-        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py).
+        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py). An entry
+        whose record is no regular file (a FIFO, a folder, a link in its place) is never used: BadRecord.
         """
         with self.gc_lock():
             self.pin_entry(name)
-            return self.has_entry(name)
+            present = self.has_entry(name)
+        if present:
+            meta = lstat_or_none(self.entries / name / ENTRY_META)
+            if meta is not None and not stat.S_ISREG(meta.st_mode):
+                self.record(name)   # raises BadRecord naming it
+        return present
 
     def invalidate(self, name: str) -> Path | None:
         """Rename an entry into trash/: from this moment it is invalid garbage. Returns its trash path."""

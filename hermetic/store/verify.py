@@ -238,12 +238,11 @@ def _stray(report: VerifyReport, store: Store, stray: Stray) -> None:
     st = lstat_or_none(stray.path)
     if st is None:
         return  # gone on a second look
-    rel = os.path.relpath(stray.path, store.path.parent)
     if stray.at_store_name:
         report.seen_strays[str(stray.path)] = _identity(st)
-        report.problems.append(Problem("stray", str(stray.path), f"{rel} is {stray.what}"))
+        report.problems.append(Problem("stray", str(stray.path), f"is {stray.what}"))
     else:
-        report.warnings.append(Problem("stray", str(stray.path), f"{rel} is {stray.what}: left as it is "
+        report.warnings.append(Problem("stray", str(stray.path), f"{stray.path} is {stray.what}: left as it is "
                                                                  "(hermetic owns nothing of that name)"))
 
 
