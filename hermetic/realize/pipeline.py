@@ -295,6 +295,8 @@ class Realization:
                           cuda=tc.cuda if tc else None)
         self.reporter.event("phase", phase="receipt")
         outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
+        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
+        set_profile(self.root.profiles, self.name, self.store, self.tree)
         # its own receipt, even when it changed nothing: the latest one in the folder may be another
         # process's, which built what this one found built (a no-op returns the receipt its record names)
         self.report["sandbox"] = self.sandbox.record()
