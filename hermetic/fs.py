@@ -424,13 +424,59 @@ _PROCESS_SCRATCH: dict[str, Path] = {}
 
 def process_scratch_dir(prefix: str) -> Path:
     """A folder of the system's temp folder for the rest of this process (made on first use, removed with
-    everything in it at exit): where a dry run's children write, so that nothing lands in the root."""
+    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It is
+    locked (flock on the folder) while this process lives: one left by a process killed with kill -9 has its
+    lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
     if prefix not in _PROCESS_SCRATCH:
         import atexit
-        path = Path(tempfile.mkdtemp(prefix=prefix))
-        atexit.register(remove_tree, path)
+        sweep_scratch_dirs(prefix)
+        fresh = Path(tempfile.mkdtemp(prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
+        fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
+        path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
+        os.rename(fresh, path)
+        atexit.register(_drop_scratch, path, fd)
         _PROCESS_SCRATCH[prefix] = path
     return _PROCESS_SCRATCH[prefix]
+
+
+def _drop_scratch(path: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        remove_tree(path)
+    os.close(fd)
+
+
+def sweep_scratch_dirs(prefix: str) -> list[Path]:
+    """Remove this user's folders of ``prefix`` in the system's temp folder whose process is gone (their lock
+    is free: a process killed with kill -9 runs no exit handler). Returns what it removed."""
+    top = Path(tempfile.gettempdir())
+    try:
+        names = [n for n in os.listdir(top) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = top / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue   # its process lives
+        try:
+            remove_tree(path)
+            removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 CACHE_LIMIT = 256 << 20   # a derived cache's record larger than this is damage (the largest, the input hashes of

@@ -68,9 +68,18 @@ CACHES = {c.name: c for c in (
 )}
 
 
+DRY_RUN_SCRATCH = "hermetic-dry-run-"
+
+
 def _outside_scratch() -> Path:
-    """The folder a read-only root's children get for their homes and temp files, outside the root."""
-    return fs.process_scratch_dir("hermetic-dry-run-")
+    """The folder a read-only root's children get for their homes and temp files, outside the root: removed at
+    exit, and by the next dry run or gc after a kill -9 (``sweep_outside_scratch``)."""
+    return fs.process_scratch_dir(DRY_RUN_SCRATCH)
+
+
+def sweep_outside_scratch() -> list[Path]:
+    """Remove dry runs' folders outside the root that a process killed with kill -9 left."""
+    return fs.sweep_scratch_dirs(DRY_RUN_SCRATCH)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,10 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.result("gc", True, 0, all=True, freed_bytes=freed)
         return 0
     p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
+    if not args.dry_run:
+        from hermetic.root import sweep_outside_scratch
+        for left in sweep_outside_scratch():   # a dry run killed with kill -9 left its folder outside the root
+            reporter.event("gc", f"removed {left}, left by a dry run that was killed", removed=str(left))
     verb = "would delete" if args.dry_run else "deleted"
     for name in p.dead_entries:  # the listing: stdout
         reporter.data("gc-entry", f"{verb} entry {name}", entry=name)
