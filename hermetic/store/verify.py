@@ -395,11 +395,10 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
             path = store.entry_path(name)
             _remove(done, path, report.seen_entries.get(name), entry_ref(name) in pinned, f"entry {name}",
                     entry=(store, name))
-    for kind in ("root", "receipt", "profile", "cache"):
+    for kind in ("root", "receipt", "profile", "cache"):   # the root's own records: written again as needed
         for spath in sorted(by_kind.get(kind, ())):
-            st = lstat_or_none(spath)
-            if st is not None and not stat.S_ISDIR(st.st_mode):
-                os.unlink(spath)
+            if lstat_or_none(spath) is not None:
+                fs.remove_tree(Path(spath))   # a folder in a record's place too; never followed
                 done.removed.append(spath)
     if by_kind.get("bytecode") and root.clear_pycache():
         done.removed.append(str(root.pycache))
