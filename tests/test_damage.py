@@ -198,3 +198,23 @@ def test_a_read_only_mount_over_the_entries_is_said_clearly(tmp_path: Path, inde
     subprocess.run(["umount", "-l", str(entries)], check=True)
     assert _run(h, "realize", second).rc == 0 and _run(h, "realize", recipe).rc == 0
     assert _run(h, "verify").rc == 0
+
+
+def test_a_pyc_cut_short_in_the_childrens_bytecode_cache_is_reported_and_cleared(
+        tmp_path: Path, realized: tuple[Hermetic, Path, Path]) -> None:
+    """What a disk that filled while a child wrote it leaves (tests/test_reliability_disk.py makes it for real)."""
+    import py_compile
+    import sys
+    h, recipe, _blob = realized
+    source = tmp_path / "mod.py"
+    source.write_text("".join(f"X{i} = {'x' * 40!r}\n" for i in range(400)))
+    pyc = h.root / "home" / ".cache" / "pycache" / str(tmp_path).lstrip("/") / \
+        f"mod.{sys.implementation.cache_tag}.pyc"
+    pyc.parent.mkdir(parents=True)
+    py_compile.compile(str(source), cfile=str(pyc))
+    pyc.write_bytes(pyc.read_bytes()[:2000])   # the header and part of the body
+    found = _run(h, "verify")
+    assert found.rc == 1 and any(p["kind"] == "bytecode" and p["name"] == str(pyc) and "cut short" in p["what"]
+                                 for p in found.result["problems"]), found.result["problems"]
+    _healed(h, recipe)
+    assert not pyc.exists()

@@ -346,17 +346,16 @@ def _check_bytecode(root: Root) -> list[Problem]:
             if not fname.endswith(".pyc"):
                 continue
             path = os.path.join(dirpath, fname)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
+            st = lstat_or_none(path)
+            if st is None:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(Problem("bytecode", path, f"is {describe(st.st_mode)}, not a file"))
                 continue
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    problems.append(Problem("bytecode", path, "is not a file"))
-                    continue
-                data = b"".join(iter(lambda: os.read(fd, fs.CHUNK), b""))  # noqa: B023 (fd is this loop's)
-            finally:
-                os.close(fd)
+                data = fs.read_regular(path, RECORD_LIMIT)
+            except (OSError, ValueError):
+                continue   # replaced meanwhile: a child wrote it again
             if data[:4] != magic:
                 continue
             try:
