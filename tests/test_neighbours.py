@@ -12,12 +12,18 @@ through the profile gc removed)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import REPO, hermetic_env
+from hermetic.store import Store
+from tests.support.cli import REPO, Hermetic, hermetic_env
+from tests.support.index import LoopbackIndex
 from tests.support.neighbours import NEIGHBOURS, REALIZES, NeighbourLab
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 from tests.support.reliability import realize_toolchain, toolchain_wheels_from
 
 SEED = 35
@@ -39,3 +45,47 @@ def lab(tmp_path_factory: pytest.TempPathFactory, shared_root: Path) -> Neighbou
 def test_a_realize_and_a_neighbour_side_by_side(lab: NeighbourLab, kind: str, neighbour: str) -> None:
     r = lab.round(0, kind, neighbour)
     assert r.ok, "\n".join(r.problems)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from hermetic.store import Store
+store = Store(Path(sys.argv[1]))
+store.pin_entry(sys.argv[2])
+store.pin_blob(sys.argv[3])
+print("pinned", flush=True)
+time.sleep(600)
+"""
+
+
+def test_repair_leaves_what_another_process_pins_and_says_so(tmp_path: Path, hermetic: Hermetic,
+                                                            index: LoopbackIndex) -> None:
+    """A corrupt blob and the entry using it, pinned by a live process (its temp root): repair removes neither
+    and says "in use" (exit 1: the problem stays); once that process is gone, repair mends them."""
+    wheel = make_pkg(tmp_path / "whl", "held", "1.0")
+    index.add(wheel.path)
+    recipe = write_recipe(tmp_path / "r", "held", pip_lock_line(wheel))
+    hermetic("realize", recipe, check=True)
+    store = Store(hermetic.root / "store")
+    target = hermetic.root / "profiles" / "held" / "held" / "include" / "h1.h"
+    blob = next(p for _d, _x, p in store.iter_blobs() if p.stat().st_ino == target.stat().st_ino)
+    entry = next(e for e in store.iter_entries() if e.endswith("-held") and not (store.entry_path(e) / "out").exists())
+    os.chmod(blob, 0o644)
+    blob.write_bytes(b"#define H1 666\n")   # same inode: the tree's file too
+    os.chmod(blob, 0o444)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.path), entry, blob.name],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "pinned"
+        res = hermetic("verify", "--repair", "--json")
+        assert res.rc == 1 and "Traceback" not in res.err
+        assert f"blob {blob.name}: in use by another hermetic process: not removed" in res.err, res.err
+        assert f"entry {entry}: in use by another hermetic process: not removed" in res.err, res.err
+        assert blob.exists() and store.has_entry(entry)
+    finally:
+        holder.kill()
+        holder.wait()
+    mended = hermetic("verify", "--repair", "--json")
+    assert mended.rc == 0, mended.err[-3000:]
+    assert target.read_text().startswith("#define H1 1")
