@@ -12,7 +12,9 @@ through the profile gc removed)."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 from hermetic.store import Store
 from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.index import LoopbackIndex
-from tests.support.neighbours import NEIGHBOURS, REALIZES, NeighbourLab
+from tests.support.neighbours import BUILD, LOCK, NEIGHBOURS, REALIZES, NeighbourLab
 from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 from tests.support.reliability import realize_toolchain, toolchain_wheels_from
 
@@ -89,3 +91,26 @@ def test_repair_leaves_what_another_process_pins_and_says_so(tmp_path: Path, her
     mended = hermetic("verify", "--repair", "--json")
     assert mended.rc == 0, mended.err[-3000:]
     assert target.read_text().startswith("#define H1 1")
+
+
+def test_gc_drop_root_while_the_import_check_imports_fails_nothing(lab: NeighbourLab) -> None:
+    """The window of the reported failure, placed: a recipe whose tree holds a wheel of its own starts its
+    import check only at step 8 (torch's import could read the wheel), and `gc --drop-root` of that recipe runs
+    the moment the check begins, while the check's interpreter still imports torch. The check imports from
+    the tree the realize pinned: it passes, and the realize's root and profile are both there after it."""
+    project = lab.work / "nb-checked"
+    shutil.copytree(lab.work / BUILD, project)
+    shutil.copy(lab.work / LOCK / "env.lock.txt", project / "env.lock.txt")
+    recipe = project / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace(f'name = "{BUILD}"', 'name = "nb-checked"\nlocks = ["env.lock.txt"]'))
+    realize = lab.popen("realize", recipe, "--json")
+    assert realize.stdout is not None
+    for line in realize.stdout:   # the compiles are done; the check's interpreter starts now
+        if line.startswith("{") and json.loads(line).get("phase") == "checking":
+            break
+    gc = lab.h("gc", "--drop-root", "nb-checked", "--json")
+    out, err = realize.communicate(timeout=600)
+    assert gc.rc == 0, gc.err[-3000:]
+    assert realize.returncode == 0, err[-3000:]
+    assert (lab.root / "roots" / "nb-checked.json").exists() and (lab.root / "profiles" / "nb-checked").exists()
+    assert lab.h("verify").rc == 0
