@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from collections.abc import Callable
 from pathlib import PurePath
 
@@ -74,7 +75,7 @@ class PreconditionFailed(HermeticError):
 # folder) or a file they changed (a cache, the root). Any other OSError is a bug and keeps its traceback.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _PATH_ERRNOS = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM, errno.EROFS, errno.EISDIR,
-                errno.EEXIST, errno.ENAMETOOLONG)
+                errno.EEXIST, errno.ENAMETOOLONG, errno.EXDEV)
 
 
 def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
@@ -88,6 +89,8 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
         return None
     path = os.fsdecode(filename)
     other = f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
+    if e.errno == errno.EXDEV:   # a rename between two file systems: name the mount that splits them
+        path, other = _across_mounts(path, os.fsdecode(e.filename2) if e.filename2 is not None else None)
     what, advice = _explain(e.errno, path, below=e.filename is None)
     what = f"{doing}: {what}{other}" if doing else what + other
     full = f"{advice}; {hint}" if hint else advice
@@ -120,13 +123,56 @@ def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
                 "give this user access (read for inputs; write for the scratch root and the lock folder), or "
                 "choose a path it may use")
     if code == errno.EROFS:
-        return (f"{path} is on a read-only file system",
+        mount = _mount_of(path, _mount_points())
+        return (f"{path} is on a read-only file system" + (f" (the mount at {mount})" if mount else ""),
                 "choose a path on a writable file system (the scratch root and the lock folder are written to)")
+    if code == errno.EXDEV:
+        return (f"{path} is a mount point inside the scratch root, so hermetic cannot move files across it (it "
+                "publishes and removes by renaming within one file system)",
+                "unmount it (a read-only or bind mount over a folder of the root, such as store/entries, is not "
+                "supported); keep the whole root on one file system")
     if code == errno.EISDIR:
         return f"{path} is a folder, not a file", "give the path of a file"
     if code == errno.EEXIST:
         return f"{path} is in the way: something exists where hermetic creates it", "move it away"
     return f"the path {path} is too long", "choose a shorter path"
+
+
+def _across_mounts(path: str, path2: str | None) -> tuple[str, str]:
+    """(the mount point that lies between the two paths of a failed rename, what else to say): the deepest
+    mount on either path that is not on the other (a bind mount of the same file system too, which st_dev
+    cannot tell)."""
+    mounts = _mount_points()
+    first, second = _mount_of(path, mounts), _mount_of(path2, mounts) if path2 else None
+    moving = f" (moving {path} to {path2})" if path2 else ""
+    if first == second or (first is None and second is None):
+        return path, moving
+    return max((m for m in (first, second) if m is not None), key=len), moving
+
+
+def _mount_points() -> list[str]:
+    """Every mount point of this process's mount namespace (Linux's /proc/self/mountinfo); none elsewhere."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:   # octal escapes for space, tab, newline and backslash in the mount point
+            found.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]))
+    return found
+
+
+def _mount_of(path: str, mounts: list[str]) -> str | None:
+    """The deepest mount point at or above ``path``."""
+    full = os.path.abspath(path)
+    best = None
+    for m in mounts:
+        if (full == m or full.startswith(m.rstrip("/") + "/")) and (best is None or len(m) > len(best)):
+            best = m
+    return best
 
 
 def _loops(p: str) -> bool:

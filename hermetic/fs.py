@@ -225,12 +225,13 @@ def make_tree_readonly(top: Path) -> None:
 def remove_tree(top: Path) -> int:
     """Delete a (possibly read-only) tree; returns the bytes of regular files whose last link went."""
     freed = 0
-    if top.is_symlink() or top.is_file():
-        st = top.lstat()
-        top.unlink()
-        return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
-    if not top.exists():
+    try:
+        st = os.lstat(top)
+    except FileNotFoundError:
         return 0
+    if not stat.S_ISDIR(st.st_mode):  # a file, a link, a FIFO: never opened, never followed
+        os.unlink(top)
+        return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
     for dirpath, _dirnames, filenames in os.walk(top):
         os.chmod(dirpath, 0o755)
         for name in filenames:
@@ -239,6 +240,22 @@ def remove_tree(top: Path) -> int:
                 freed += st.st_size
     shutil.rmtree(top)
     return freed
+
+
+def remove_aside(folder: Path) -> bool:
+    """Remove a folder whole, renamed aside first (a sibling of a fresh name): whoever writes into it meanwhile
+    finds it gone, never half removed. False when there was nothing there."""
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(folder)
+        return True
+    aside = folder.with_name(f".{folder.name}.removed.{os.getpid()}.{os.urandom(3).hex()}")
+    os.replace(folder, aside)
+    remove_tree(aside)
+    return True
 
 
 def resolve(path: Path) -> Path:
@@ -407,13 +424,63 @@ _PROCESS_SCRATCH: dict[str, Path] = {}
 
 def process_scratch_dir(prefix: str) -> Path:
     """A folder of the system's temp folder for the rest of this process (made on first use, removed with
-    everything in it at exit): where a dry run's children write, so that nothing lands in the root."""
+    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It is
+    locked (flock on the folder) while this process lives: one left by a process killed with kill -9 has its
+    lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
     if prefix not in _PROCESS_SCRATCH:
         import atexit
-        path = Path(tempfile.mkdtemp(prefix=prefix))
-        atexit.register(remove_tree, path)
+        sweep_scratch_dirs(prefix)
+        fresh = Path(tempfile.mkdtemp(prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
+        fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
+        path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
+        os.rename(fresh, path)
+        atexit.register(_drop_scratch, path, fd)
         _PROCESS_SCRATCH[prefix] = path
     return _PROCESS_SCRATCH[prefix]
+
+
+def _drop_scratch(path: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        remove_tree(path)
+    os.close(fd)
+
+
+def sweep_scratch_dirs(prefix: str) -> list[Path]:
+    """Remove this user's folders of ``prefix`` in the system's temp folder whose process is gone (their lock
+    is free: a process killed with kill -9 runs no exit handler). Returns what it removed."""
+    top = Path(tempfile.gettempdir())
+    try:
+        names = [n for n in os.listdir(top) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = top / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue   # its process lives
+        try:
+            remove_tree(path)
+            removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+CACHE_LIMIT = 256 << 20   # a derived cache's record larger than this is damage (the largest, the input hashes of
+                          # a build of thousands of files, is a few MB)
 
 
 class FingerprintCache:
@@ -435,15 +502,15 @@ class FingerprintCache:
 
     def get(self, key: str) -> Any:
         """The value stored under ``key`` while every input it names still has its fingerprint; else None."""
-        try:
-            rec = json.loads(self._path(key).read_bytes())
+        try:  # a damaged record (cut short, not JSON, a FIFO or a link in its place) is a miss, never a hang
+            rec = json.loads(read_regular(self._path(key), CACHE_LIMIT))
             if rec["key"] != key:
                 return None
             for path, fp in rec["inputs"].items():
                 if fingerprint(path) != (tuple(fp) if fp is not None else None):
                     return None
             return rec["value"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def put(self, key: str, value: Any, inputs: Sequence[Path | str] = ()) -> None:
@@ -453,10 +520,14 @@ class FingerprintCache:
         record = {"key": key, "inputs": {str(p): fingerprint(p) for p in inputs}, "value": value}
         data = canonical_json(record)
         path = self._path(key)
-        with contextlib.suppress(OSError):
-            if path.read_bytes() == data:
+        with contextlib.suppress(OSError, ValueError):
+            if read_regular(path, CACHE_LIMIT) == data:
                 return  # unchanged: a no-op writes nothing
-        atomic_write(path, data, durable=False)
+        try:
+            atomic_write(path, data, durable=False)   # over a damaged one too (rename replaces a FIFO or a link)
+        except IsADirectoryError:   # a folder where the record belongs: derived state, removed and written anew
+            remove_tree(path)
+            atomic_write(path, data, durable=False)
 
     def values(self) -> Iterator[Any]:
         """Every value still valid, in no particular order."""
@@ -464,8 +535,10 @@ class FingerprintCache:
             return
         for path in sorted(self.folder.glob("*.json")):
             try:
-                key = json.loads(path.read_bytes())["key"]
+                key = json.loads(read_regular(path, CACHE_LIMIT))["key"]
             except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if not isinstance(key, str):
                 continue
             value = self.get(key)
             if value is not None:
@@ -486,18 +559,19 @@ class FingerprintTable:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            loaded = json.loads(path.read_bytes())
+        try:  # damaged (cut short, a FIFO in its place): every fact a miss, and the table written anew
+            loaded = json.loads(read_regular(path, CACHE_LIMIT))
             self.facts: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
         except (OSError, ValueError):
             self.facts = {}
         self.dirty = False
 
     def get(self, file: str) -> tuple[Fingerprint | None, Any]:
-        """(the file's fingerprint now, its fact if that fingerprint is the recorded one, else None)."""
+        """(the file's fingerprint now, its fact if that fingerprint is the recorded one, else None: a fact of
+        another shape, from a damaged table, is a miss too)."""
         fp = fingerprint(file)
         rec = self.facts.get(file)
-        if fp is None or rec is None or rec[0] != list(fp):
+        if fp is None or not isinstance(rec, list) or len(rec) != 2 or rec[0] != list(fp):
             return fp, None
         return fp, rec[1]
 

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hermetic.errors import PreconditionFailed, SandboxRefused
@@ -336,16 +337,70 @@ def kill_session(sid: int) -> None:
 
 RESULT_MARK = "hermetic-probe-result: "
 
+# What Python says when a .pyc it reads is cut short or damaged: importlib checks a .pyc's header, not its body,
+# and a body that does not load fails the import (it never falls back to the source). A disk that filled while
+# Python wrote a .pyc leaves one cut short: importlib's _write_atomic ignores a short write.
+DAMAGED_BYTECODE = ("marshal data too short", "bad marshal data")
+BYTECODE_CLEARED: list[str] = []   # the bytecode caches cleared this process, for the command to say so
 
-def run_probe(argv: list[str], *, env: dict[str, str], cwd: str,
-              on_start: Callable[[int], None] | None = None) -> tuple[dict[str, Any] | None, str]:
+# Put first in a probe's code: .pyc files it writes from then on are written whole or not at all (a short
+# write on a full disk is an error, which importlib then ignores, instead of a .pyc cut short).
+PYC_GUARD = r"""
+def _hermetic_pyc_guard():
+    import importlib._bootstrap_external as be, os
+    def _write_atomic(path, data, mode=0o666):
+        tmp = "{}.{}".format(path, id(path))
+        fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, mode & 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, path)
+        except OSError:
+            if fd >= 0:
+                os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    be._write_atomic = _write_atomic
+_hermetic_pyc_guard()
+del _hermetic_pyc_guard
+"""
+
+
+def damaged_bytecode(output: str, env: dict[str, str]) -> str | None:
+    """The bytecode cache (``PYTHONPYCACHEPREFIX``) a child that failed with ``output`` found damaged, or None."""
+    prefix = env.get("PYTHONPYCACHEPREFIX")
+    if prefix and any(mark in output for mark in DAMAGED_BYTECODE):
+        return prefix
+    return None
+
+
+def clear_bytecode(prefix: str) -> None:
+    """Remove a damaged bytecode cache (derived: Python writes it again as it imports) and note it."""
+    from hermetic import fs
+    fs.remove_aside(Path(prefix))
+    BYTECODE_CLEARED.append(prefix)
+
+
+def run_probe(argv: list[str], *, env: dict[str, str], cwd: str, on_start: Callable[[int], None] | None = None,
+              heal_bytecode: bool = True) -> tuple[dict[str, Any] | None, str]:
     """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
     (procs.run_limited; ``on_start`` as there). Its result is the JSON after RESULT_MARK; stdout and stderr
-    arrive merged. Returns (result, or None when it failed; its other output)."""
+    arrive merged. Returns (result, or None when it failed; its other output). A probe that failed on a
+    damaged bytecode cache runs once more after the cache is cleared (``heal_bytecode``)."""
     rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None, on_start=on_start)
     found = [line for line in tail if line.startswith(RESULT_MARK)]
     text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))
     if rc != 0 or not found:
+        prefix = damaged_bytecode(text, env) if heal_bytecode else None
+        if prefix is not None:
+            clear_bytecode(prefix)
+            return run_probe(argv, env=env, cwd=cwd, on_start=on_start, heal_bytecode=False)
         return None, text
     result: dict[str, Any] = json.loads(found[-1][len(RESULT_MARK):])
     return result, text
@@ -356,8 +411,10 @@ class BackgroundProbe:
     ``cancel`` stops the probe at any moment: one whose process has not started yet is killed the moment it
     starts, so nobody waits for an answer no one wants (an ``import torch`` takes seconds)."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, name: str) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, name: str,
+                 heal_bytecode: bool = True) -> None:
         self.argv, self.env, self.cwd, self.name = argv, env, cwd, name
+        self.heal_bytecode = heal_bytecode
         self.seconds: float | None = None   # how long the probe took, once it ended
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -371,7 +428,8 @@ class BackgroundProbe:
             began = time.monotonic()
             try:
                 if not self._cancelled:
-                    self._result = run_probe(self.argv, env=self.env, cwd=self.cwd, on_start=self._started)
+                    self._result = run_probe(self.argv, env=self.env, cwd=self.cwd, on_start=self._started,
+                                             heal_bytecode=self.heal_bytecode)
             except BaseException as e:  # raised where the answer is asked for
                 self._error = e
             self.seconds = round(time.monotonic() - began, 4)

@@ -243,12 +243,35 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
                        hint="0 is normal priority, 19 the lowest")
     cpus = None
     if "cpus" in table:
-        cpus = cpu_list(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
+        cpus = usable_cpus(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
     space = None
     if "address_space" in table:
         space = size_bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
                        (*kp, "address_space"))
     return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp))
+
+
+def usable_cpus(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[int, ...]:
+    """A ``cpus`` list this machine can honour: at least one of its CPUs is one this process may run on (the
+    children run on those of them it has; a list naming none of them could only fail in every child)."""
+    cpus = cpu_list(doc, text, kp)
+    have = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    if not set(cpus) & set(have):
+        ranges = _ranges(have)
+        raise BadInput(f"cpus {text!r} names no CPU this machine lets hermetic use (it may use CPU {ranges})",
+                       where=doc.where(*kp), hint=f'name CPUs among {ranges}, for example cpus = "{ranges}"')
+    return cpus
+
+
+def _ranges(cpus: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"``."""
+    spans: list[list[int]] = []
+    for c in cpus:
+        if spans and spans[-1][1] == c - 1:
+            spans[-1][1] = c
+        else:
+            spans.append([c, c])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
 def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) -> Extension:

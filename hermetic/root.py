@@ -68,9 +68,18 @@ CACHES = {c.name: c for c in (
 )}
 
 
+DRY_RUN_SCRATCH = "hermetic-dry-run-"
+
+
 def _outside_scratch() -> Path:
-    """The folder a read-only root's children get for their homes and temp files, outside the root."""
-    return fs.process_scratch_dir("hermetic-dry-run-")
+    """The folder a read-only root's children get for their homes and temp files, outside the root: removed at
+    exit, and by the next dry run or gc after a kill -9 (``sweep_outside_scratch``)."""
+    return fs.process_scratch_dir(DRY_RUN_SCRATCH)
+
+
+def sweep_outside_scratch() -> list[Path]:
+    """Remove dry runs' folders outside the root that a process killed with kill -9 left."""
+    return fs.sweep_scratch_dirs(DRY_RUN_SCRATCH)
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,16 @@ class Root:
     def home(self) -> Path:
         return (_outside_scratch() if self.read_only else self.path) / "home"
 
+    @property
+    def pycache(self) -> Path:
+        """The children's bytecode cache (``PYTHONPYCACHEPREFIX``): derived, cleared whole when damaged."""
+        return self.home / ".cache" / "pycache"
+
+    def clear_pycache(self) -> bool:
+        """Remove the children's bytecode cache, renamed aside first so that a child writing into it meanwhile
+        finds it gone (and starts a new one) rather than half removed; False when there was none."""
+        return fs.remove_aside(self.pycache)
+
     def ensure(self) -> None:
         if self.read_only:
             raise RuntimeError(f"a read-only view of {self.path} cannot be made ready for writing")
@@ -179,7 +198,7 @@ class Root:
             "TRITON_CACHE_DIR": str(cache / "triton"),
             "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
             "TORCH_EXTENSIONS_DIR": str(cache / "torch_extensions"),
-            "PYTHONPYCACHEPREFIX": str(cache / "pycache"),
+            "PYTHONPYCACHEPREFIX": str(self.pycache),
             "MPLCONFIGDIR": str(cache / "matplotlib"),
             "CCACHE_DIR": str(cache / "ccache"),
             "SCCACHE_DIR": str(cache / "sccache"),

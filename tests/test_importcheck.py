@@ -61,7 +61,7 @@ def test_an_early_interpreter_imports_the_profile_as_it_is_when_asked(tmp_path: 
     new = _tree(tmp_path / "new", "import torch\nVALUE = 3\n")
     os.unlink(profile)
     os.symlink(new, profile)
-    result = check.run(["checkmod"], "tree-1")
+    result = check.run(["checkmod"], "tree-1", profile)
     assert result["modules"] == ["checkmod"] and result["started_early"] is True
     assert result["cuda_initialized"] is False and result["system_cuda"] == []
     assert result["torch_import_s"] > 0
@@ -69,7 +69,7 @@ def test_an_early_interpreter_imports_the_profile_as_it_is_when_asked(tmp_path: 
     # once per tree: the same tree again starts nothing
     again = _check(root, profile)
     again.start()
-    assert again.run(["checkmod"], "tree-1") == result
+    assert again.run(["checkmod"], "tree-1", profile) == result
     assert list(root.tmp.glob("import-check-*")) == [] and survivors(root.path) == []
 
 
@@ -94,7 +94,7 @@ def test_a_module_that_does_not_import_fails_the_check(tmp_path: Path) -> None:
     _tree(tmp_path / "t", "raise ImportError('undefined symbol: _ZN5hello')\n")
     os.symlink(tmp_path / "t", profile)
     with pytest.raises(WorkFailed) as e:
-        _check(root, profile).run(["checkmod"], "tree-2")
+        _check(root, profile).run(["checkmod"], "tree-2", profile)
     assert "importing checkmod together failed" in str(e.value) and "undefined symbol: _ZN5hello" in str(e.value)
     assert root.cache("imports").get("tree-2") is None
     assert survivors(root.path) == [] and list(root.tmp.glob("import-check-*")) == []

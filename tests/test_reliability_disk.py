@@ -1,21 +1,25 @@
 """Disk full: a realize whose root lives on a tiny tmpfs fails cleanly (exit 1, a clear error, no traceback),
 leaves no partial entry (nothing new under entries/, nothing in store/tmp, verify clean) and realizes once
-there is room. Needs `mount -t tmpfs` (root or CAP_SYS_ADMIN); skipped with the reason where not permitted."""
+there is room; a build the full disk interrupted anywhere (the children's bytecode cache too) succeeds on its
+own once there is room. Needs `mount -t tmpfs` (root or CAP_SYS_ADMIN); skipped with the reason where not permitted."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import Hermetic
+from tests.support.builds import Project
+from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.index import LoopbackIndex
 from tests.support.recipes import pip_lock_line, write_recipe
+from tests.support.reliability import realize_toolchain, toolchain_wheels_from
 from tests.support.trees import store_listing
 from tests.support.wheels import build_wheel
 
@@ -72,3 +76,66 @@ def test_a_full_disk_fails_cleanly_and_leaves_no_partial_entry(step: str, tmp_pa
     done = hermetic("realize", recipe, "--json")
     assert done.rc == 0, done.err[-3000:]
     assert hermetic("verify").rc == 0
+
+
+# The disk-full matrix: a root on a tmpfs that holds the CUDA toolchain, shrunk to leave this much room for a
+# cold build of the compile fixture (about 30 MB: 29 of them the children's bytecode cache, written as torch is
+# imported by the interpreter probe and the import check), then enlarged. The sizes land the full disk in
+# hermetic's own writes, in the middle of the bytecode cache and in the compiles.
+ROOM = ("256k", "4m", "12m", "20m", "27m")
+
+
+def _used_kib(mnt: Path) -> int:
+    st = os.statvfs(mnt)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+
+
+def _kib(text: str) -> int:
+    return int(text[:-1]) * (1024 if text.endswith("m") else 1)
+
+
+@pytest.fixture(scope="module")
+def big_tiny(tmp_path_factory: pytest.TempPathFactory, shared_root: Path) -> Iterator[tuple[Path, Path]]:
+    """A tmpfs holding a root whose store has the CUDA toolchain (from the session's root) and a project of
+    the compile fixture."""
+    work = tmp_path_factory.mktemp("diskfull")
+    mnt = work / "mnt"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200m,mode=0755", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({p.stderr.strip() or p.returncode}): needs root or CAP_SYS_ADMIN")
+    try:
+        env = hermetic_env(work / "home", pip="machine")
+        realize_toolchain(mnt / "root", env, REPO, toolchain_wheels_from(shared_root, work / "tc-wheels"))
+        proj = Project(work / "p", "full", mnt / "root")
+        proj.edit("clock.cpp", "__TIME__", '"fixed"')
+        yield mnt, proj.recipe
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("room", ROOM)
+def test_a_disk_that_fills_during_a_build_heals_once_there_is_room(room: str, big_tiny: tuple[Path, Path],
+                                                                   tmp_path: Path) -> None:
+    """Whatever a full disk interrupted (hermetic's writes, a compile, Python writing the children's bytecode
+    cache: a .pyc cut short used to fail every later realize with "marshal data too short"), the same realize
+    succeeds on its own once there is room: no hand repair, and verify is clean after it."""
+    mnt, recipe = big_tiny
+    root = mnt / "root"
+    # children write .pyc files (the suite's environment says not to, for the repository's own sake)
+    h = Hermetic(root, hermetic_env(tmp_path / "home", pip="machine", extra={"PYTHONDONTWRITEBYTECODE": ""}))
+    for derived in ("home", "state/interpreters-v4", "state/imports-v1", "build"):  # the build cold again
+        shutil.rmtree(root / derived, ignore_errors=True)
+    subprocess.run(["mount", "-o", f"remount,size={_used_kib(mnt) + _kib(room)}k", str(mnt)], check=True)
+    try:
+        full = h("realize", recipe, "--json")
+        assert "Traceback" not in full.err and "internal error" not in full.err, full.err[-3000:]
+        assert full.rc == 0 or (full.rc == 1 and "space" in full.err), (full.rc, full.err[-3000:])
+    finally:
+        subprocess.run(["mount", "-o", "remount,size=1200m", str(mnt)], check=True)
+    done = h("realize", recipe, "--json")
+    assert done.rc == 0, done.err[-3000:]
+    ok = h("verify", "--json")
+    assert ok.rc == 0, ok.out[-3000:]
+    h("gc", "--drop-root", "full", check=True)   # the next size starts from a cold build again

@@ -20,7 +20,7 @@ from hermetic.build.host import host_identity, host_record
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
 from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
-from hermetic.errors import WorkFailed
+from hermetic.errors import BadRecord, WorkFailed
 from hermetic.keys import KEY_ENV, PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Recipe, Variant
@@ -211,7 +211,7 @@ def previous_objects(store: Store, certificate_blob: object) -> dict[str, Object
             if entry and store.has_entry(entry):
                 out[o["source"]] = store.object_record(entry)
         return out
-    except (OSError, ValueError, KeyError, TypeError, WorkFailed, zstandard.ZstdError):
+    except (OSError, ValueError, KeyError, TypeError, WorkFailed, BadRecord, zstandard.ZstdError):
         return {}
 
 
@@ -273,7 +273,7 @@ def _drop_if_corrupt(store: Store, name: str) -> None:
         digest = store.module_record(name)["so"]
     except OSError:
         return  # not built yet
-    except (WorkFailed, KeyError):
+    except (WorkFailed, BadRecord, KeyError):
         digest = None  # its record is damaged: link it again
     if isinstance(digest, str) and store.blob_path(digest).exists() \
             and fs.sha256_file(store.blob_path(digest))[0] == digest:

@@ -26,7 +26,7 @@ from typing import Any
 
 from hermetic.errors import PreconditionFailed
 from hermetic.interpreter import WHERE, find_python
-from hermetic.procs import BackgroundProbe, run_probe
+from hermetic.procs import PYC_GUARD, BackgroundProbe, run_probe
 from hermetic.root import Root
 from hermetic.store.records import HostIdentity
 
@@ -93,7 +93,7 @@ def _probe_argv(root: Root, exe: Path) -> tuple[list[str], dict[str, str], str]:
     env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
                CUDA_VISIBLE_DEVICES="", PYTHONNOUSERSITE="1")
     root.tmp.mkdir(parents=True, exist_ok=True)
-    return [str(exe), "-c", _PROBE], env, str(root.tmp)
+    return [str(exe), "-c", PYC_GUARD + _PROBE], env, str(root.tmp)   # .pyc files written whole or not at all
 
 
 def _run_probe(root: Root, exe: Path) -> tuple[dict[str, Any] | None, str]:

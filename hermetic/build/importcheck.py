@@ -2,12 +2,20 @@
 import created no CUDA context (torch's view, and NVML's list of compute processes where a GPU exists) and
 mapped no library from a system CUDA.
 
+It imports from the tree entry the realize holds (pinned in its temp root), never through ``profiles/<name>``:
+``gc --drop-root`` beside the realize may remove the profile, never the pinned tree (docs/layout.md, "Who
+holds what").
+
 The interpreter may be started while the compiles run (``ImportCheck.start``): it imports torch, the seconds
-the check would otherwise add after the links, then waits on a pipe in the root's tmp/ for the names of the
-modules. It is the same fresh interpreter with the same environment either way; nothing but torch is imported
-before the names arrive, and the profile's folder is looked up anew then (it may not have existed, or named an
-older tree, when the interpreter started). A realize whose profile holds wheels of its own starts it only
-when the check runs: torch's import could read those wheels, and they are not laid out before then.
+the check would otherwise add after the links, then waits on a pipe in the root's tmp/ for the tree's folder
+and the names of the modules. It is the same fresh interpreter with the same environment either way; nothing
+but torch is imported before the names arrive, and the tree's folder goes on its path where PYTHONPATH would
+have put it. A realize whose tree holds wheels of its own starts it only when the check runs, with the tree on
+PYTHONPATH: torch's import could read those wheels, and they are not laid out before then.
+
+A .pyc cut short in the children's bytecode cache (a disk that filled while a child wrote it) fails every
+import of its module with "marshal data too short": the check clears that derived cache and runs once more,
+and the realize says so.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from hermetic import procs
 from hermetic.errors import WorkFailed
 from hermetic.root import Root
 
-_PROBE = r"""
+_PROBE = procs.PYC_GUARD + r"""
 import importlib, json, os, sys, time
 gate = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # never waits, even where hermetic has let go
 os.set_blocking(gate, True)  # a read waits for the names while hermetic holds its end, then says EOF
@@ -35,7 +43,10 @@ while not names.endswith(b"\n"):
         sys.exit(0)  # hermetic did not need the check after all
     names += chunk
 waited = time.monotonic()
-mods = names.decode().split()
+folder, _, mods = names.decode().rstrip("\n").partition("\t")
+mods = mods.split()
+if folder not in sys.path:  # where PYTHONPATH puts it: after the script's own entry
+    sys.path.insert(1, folder)
 for path in [p for p, finder in sys.path_importer_cache.items() if finder is None]:
     del sys.path_importer_cache[path]  # a folder that did not exist yet when this interpreter started
 importlib.invalidate_caches()
@@ -66,16 +77,19 @@ class ImportCheck:
     """The check of one realize: ``start`` (at most once, as early as wanted), then ``run`` or ``cancel``."""
 
     def __init__(self, root: Root, python: str, profile: Path, env: dict[str, str]) -> None:
-        self.root, self.python, self.profile = root, python, profile
-        self.env = {**env, "PYTHONPATH": str(profile)}
+        self.root, self.python, self.profile = root, python, profile   # the profile: what messages name
+        self.env = dict(env)
+        self.env.pop("PYTHONPATH", None)   # the tree's folder is told with the names (or set for a late start)
         self.env.pop("CUDA_VISIBLE_DEVICES", None)  # where a GPU exists, let the import see it: it must not use it
         self.started_early = False
+        self.bytecode_cleared = False
         self._gate: Path | None = None
         self._fd: int | None = None
         self._probe: procs.BackgroundProbe | None = None
 
-    def start(self, *, early: bool = True) -> None:
-        """Start the interpreter; it imports torch and waits for the names."""
+    def start(self, *, early: bool = True, folder: Path | None = None) -> None:
+        """Start the interpreter; it imports torch and waits for the names. ``folder`` (a late start): the
+        tree, on PYTHONPATH from the start."""
         if self._probe is not None:
             return
         self.started_early = early
@@ -83,28 +97,25 @@ class ImportCheck:
         self._gate = self.root.tmp / f"import-check-{os.getpid()}-{next(_SERIAL)}"
         os.mkfifo(self._gate, 0o600)
         self._fd = os.open(self._gate, os.O_RDWR)  # a reader and a writer: neither end's open waits
-        self._probe = procs.BackgroundProbe([self.python, "-c", _PROBE, str(self._gate)], env=self.env,
-                                            cwd=str(self.root.tmp), name="import-check")
+        env = self.env if folder is None else {**self.env, "PYTHONPATH": str(folder)}
+        # a damaged bytecode cache is healed here, not by the probe: the names would have to be told again
+        self._probe = procs.BackgroundProbe([self.python, "-c", _PROBE, str(self._gate)], env=env,
+                                            cwd=str(self.root.tmp), name="import-check", heal_bytecode=False)
         self._probe.start()
 
-    def run(self, modules: list[str], tree: str) -> dict[str, Any]:
-        """The check of ``modules`` in ``tree``: once per tree (cached by its content-addressed name), so a
-        no-op realize imports nothing."""
+    def run(self, modules: list[str], tree: str, folder: Path) -> dict[str, Any]:
+        """The check of ``modules`` in the tree entry ``tree``, imported from ``folder`` (its ``out/``, pinned
+        by this process): once per tree (cached by its content-addressed name), so a no-op imports nothing."""
         cache = self.root.cache("imports")
         cached = cache.get(tree)
         if isinstance(cached, dict):
             self.cancel()
             return cached
-        self.start(early=False)
-        assert self._fd is not None and self._probe is not None
-        try:
-            os.write(self._fd, (" ".join(modules) + "\n").encode())
-        except OSError:
-            pass  # the interpreter is gone already: its output says why
-        try:  # hermetic's end stays open until the answer: a pipe no one holds loses what it was told
-            found, output = self._probe.join()
-        finally:
-            self._finish()
+        found, output = self._ask(modules, folder)
+        if found is None and (prefix := procs.damaged_bytecode(output, self.env)) is not None:
+            procs.clear_bytecode(prefix)   # derived; the interpreter that read it is gone: ask a fresh one
+            self.bytecode_cleared = True
+            found, output = self._ask(modules, folder)
         if found is None:
             raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
                              where=str(self.profile), hint="a module that builds but does not import: see the error")
@@ -121,6 +132,19 @@ class ImportCheck:
                              hint="importing an extension must not touch CUDA or a system CUDA")
         cache.put(tree, result)
         return result
+
+    def _ask(self, modules: list[str], folder: Path) -> tuple[dict[str, Any] | None, str]:
+        """Tell the interpreter (started now if need be) the folder and the names; its answer."""
+        self.start(early=False, folder=folder)
+        assert self._fd is not None and self._probe is not None
+        try:
+            os.write(self._fd, f"{folder}\t{' '.join(modules)}\n".encode())
+        except OSError:
+            pass  # the interpreter is gone already: its output says why
+        try:  # hermetic's end stays open until the answer: a pipe no one holds loses what it was told
+            return self._probe.join()
+        finally:
+            self._finish()
 
     def cancel(self) -> None:
         """Not needed (a failed build, a cached check): stop the interpreter now, wherever it is."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from hermetic import fs
 from hermetic.build.plan import Compile
-from hermetic.errors import WorkFailed
+from hermetic.errors import BadRecord, WorkFailed
 from hermetic.keys import (
     TEMPORAL,
     PrefixMap,
@@ -249,7 +249,7 @@ class ObjectCache:
             if self.store.has_entry(name):
                 try:
                     records.append(self.store.object_record(name))
-                except (OSError, WorkFailed):
+                except (OSError, WorkFailed, BadRecord):
                     continue  # a damaged record: find() would fail on it too; verify --repair says so
         chosen = self.choose(c, records)
         if isinstance(chosen, ObjectChoice):

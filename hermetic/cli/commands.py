@@ -5,7 +5,6 @@ pays only for what it runs (a no-op realize imports neither the build nor reques
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 from hermetic.errors import BadInput
 from hermetic.reporter import Reporter, plural, process_seconds
 from hermetic.root import Root
-from hermetic.store import Store
+from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
 
 if TYPE_CHECKING:
@@ -77,6 +76,10 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.result("gc", True, 0, all=True, freed_bytes=freed)
         return 0
     p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
+    if not args.dry_run:
+        from hermetic.root import sweep_outside_scratch
+        for left in sweep_outside_scratch():   # a dry run killed with kill -9 left its folder outside the root
+            reporter.event("gc", f"removed {left}, left by a dry run that was killed", removed=str(left))
     verb = "would delete" if args.dry_run else "deleted"
     for name in p.dead_entries:  # the listing: stdout
         reporter.data("gc-entry", f"{verb} entry {name}", entry=name)
@@ -95,7 +98,7 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.store.verify import drop_corrupt, verify
+    from hermetic.store.verify import repair, verify
     store = Store(root.store)
     if not store.exists():
         reporter.event("verify", f"no store at {root.store}: nothing to verify")
@@ -103,11 +106,20 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         return 0
     store.open()
     report = verify(store, root)
+    for p in report.warnings:
+        reporter.warn(p.what, path=p.name)
     for p in report.problems:
         reporter.event("problem", f"{p.kind} {p.name}: {p.what}", kind=p.kind, name=p.name, what=p.what)
+    left: list[str] = []
     if report.problems and args.repair:
-        removed = drop_corrupt(store, report.problems)
-        reporter.event("repair", f"removed {removed} corrupt items; realizing the roots again")
+        done = repair(store, root, report)
+        left = done.in_use + done.changed
+        for item in done.in_use:
+            reporter.warn(f"{item}: in use by another hermetic process: not removed", item=item)
+        for item in done.changed:
+            reporter.warn(f"{item}: changed since verify looked at it (written again meanwhile): not removed",
+                          item=item)
+        reporter.event("repair", f"removed {len(done.removed)} corrupt items; realizing the roots again")
         _realize_roots(root, reporter, _remote(args), args.offline, args.sandbox)
         report = verify(store, root)
     rebuilt = []
@@ -130,16 +142,21 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
                              + ("all valid" if not report.problems else f"{len(report.problems)} problems")
                              + (f"; rebuilt {len(rebuilt)} objects: {len(mismatches)} mismatches" if rebuilt else ""))
     reporter.result("verify", ok, 0 if ok else 1, blobs=report.blobs, entries=report.entries,
-                    problems=[p.__dict__ for p in report.problems],
-                    rebuilt=[r.__dict__ for r in rebuilt])
+                    problems=[p.__dict__ for p in report.problems], not_removed=left,
+                    strays=[p.name for p in report.warnings], rebuilt=[r.__dict__ for r in rebuilt])
     return 0 if ok else 1
 
 
 def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool,
                    sandbox: str | None) -> None:
+    from hermetic.errors import BadRecord
     from hermetic.realize.pipeline import realize
-    for p in sorted(root.roots.glob("*.json")):
-        recipe = Path(json.loads(p.read_text()).get("recipe", ""))
+    from hermetic.store.roots import read_root, root_files
+    for p in root_files(root.roots):
+        try:
+            recipe = Path(read_root(p)["recipe"])
+        except (FileNotFoundError, BadRecord):
+            continue  # dropped meanwhile, or a bad root repair could not remove: verify says so again
         if recipe.is_file():
             realize(root, recipe, reporter, remote=remote, offline=offline, sandbox=sandbox)
         else:
@@ -147,22 +164,59 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
 
 
 def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """What the root holds, read without a lock and with lstat only: what vanishes while it is read is skipped,
+    a bad record or a stray is said and counted, never fatal (docs/layout.md, "A bad record")."""
     store = Store(root.store)
     info: dict[str, object] = {"root": str(root.path), "store": store.exists()}
     if store.exists():
-        entries = store.iter_entries()
-        blobs = list(store.iter_blobs())
-        size = sum(os.lstat(b).st_size for _d, _x, b in blobs)
-        roots = sorted(p.stem for p in root.roots.glob("*.json"))
-        receipts = sorted(root.receipts.glob("*.json"))[-5:]
-        profiles = {p.name: os.readlink(p) for p in sorted(root.profiles.iterdir()) if p.is_symlink()}
+        from hermetic.errors import BadRecord
+        from hermetic.store.roots import read_receipt, read_root, root_files
+        entries, entry_strays = store.scan_entries()
+        blobs, blob_strays = store.scan_blobs()
+        size = sum(st.st_size for _d, _x, _p, st in blobs)
+        bad: list[str] = []
+        roots = []
+        for p in root_files(root.roots):
+            try:
+                read_root(p)
+                roots.append(p.stem)
+            except FileNotFoundError:
+                continue
+            except BadRecord as e:
+                reporter.warn(e.render()[len("error: "):], path=str(p))
+                bad.append(str(p))
+        receipts = []
+        for p in root_files(root.receipts):
+            try:
+                read_receipt(p)
+                receipts.append(p)
+            except FileNotFoundError:
+                continue
+            except BadRecord as e:
+                reporter.warn(e.render()[len("error: "):], path=str(p))
+                bad.append(str(p))
+        receipts = receipts[-5:]
+        profiles = {}
+        for name in list_names(root.profiles):
+            link = root.profiles / name
+            try:
+                profiles[name] = os.readlink(link)
+            except FileNotFoundError:
+                continue
+            except OSError:  # not a link: a bad profile
+                reporter.warn(f"{link}: the profile is not a link to an entry; run `hermetic verify --repair`",
+                              path=str(link))
+                bad.append(str(link))
+        strays = [str(s.path) for s in (*entry_strays, *blob_strays)]
         info.update(entries=len(entries), blobs=len(blobs), blob_bytes=size, roots=roots,
-                    profiles=profiles, last_receipts=[str(r) for r in receipts])
+                    profiles=profiles, last_receipts=[str(r) for r in receipts], strays=strays, bad_records=bad)
         # the listing is data: stdout (`hermetic show | cat`)
         reporter.data("show", f"scratch root {root.path}\n  {len(entries)} entries, {len(blobs)} blobs "
-                              f"({size / 1e6:.1f} MB)\n  roots: {', '.join(roots) or '-'}"
+                              f"({size / 1e6:.1f} MB)" + (f", {len(strays)} strays" if strays else "")
+                              + f"\n  roots: {', '.join(roots) or '-'}"
                               + "".join(f"\n  profile {k} -> {v}" for k, v in profiles.items())
-                              + "".join(f"\n  receipt {r.name}" for r in receipts))
+                              + "".join(f"\n  receipt {r.name}" for r in receipts)
+                              + (f"\n  bad records: {len(bad)} (hermetic verify --repair)" if bad else ""))
     else:
         reporter.data("show", f"scratch root {root.path}: no store yet")
     reporter.result("show", True, 0, **info)

@@ -46,7 +46,7 @@ from hermetic.realize.noop import noop_check
 from hermetic.realize.pipeline import chosen_variants
 from hermetic.recipe import Recipe, load_recipe
 from hermetic.reporter import Reporter, plural
-from hermetic.root import Root
+from hermetic.root import Root, sweep_outside_scratch
 from hermetic.store import Store
 from hermetic.store.records import ToolchainId
 from hermetic.store.trees import merge_files, tree_entry_name
@@ -71,6 +71,8 @@ def dry_run(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
             offline: bool = False) -> int:
     """Print the plan (stdout; with --json it is the result record) and return the exit code: 0, or 3 offline
     when something would have to be fetched."""
+    for left in sweep_outside_scratch():   # a dry run killed with kill -9 left its folder outside the root
+        reporter.detail("dry-run", f"removed {left}, left by a dry run that was killed")
     plan = Planner(replace(root, read_only=True), recipe_path, reporter, variant, offline).plan()
     say(plan, reporter)
     fields = {"recipe": plan["recipe"], "profile": plan["profile"], "tree": plan["tree"],

@@ -68,9 +68,13 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: lis
     base = recipe.parent
     hashes = {os.path.relpath(p, base): _content(p) for p in local}
     host_files = [str(p) for p in [*host, Path(sys.executable).resolve()]]
+    try:
+        profile = os.readlink(outcome.profile)
+    except FileNotFoundError:   # `gc --drop-root` forgot the recipe meanwhile: no no-op for what is forgotten
+        return
     value: dict[str, Any] = {
              "name": outcome.name, "tree": outcome.tree, "entries": outcome.entries, "counts": outcome.counts,
-             "profile": os.readlink(outcome.profile), "receipt": str(outcome.receipt) if outcome.receipt else None,
+             "profile": profile, "receipt": str(outcome.receipt) if outcome.receipt else None,
              "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda,
              "local": hashes, "host": host_files}
     cache = root.cache("realize")

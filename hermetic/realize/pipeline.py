@@ -103,6 +103,14 @@ def say_sandbox(reporter: Reporter, sandbox: Sandbox, what: str) -> None:
                                   f"appears outside the root instead", used=False, why_not=sandbox.why_not)
 
 
+def say_bytecode_cleared(reporter: Reporter) -> None:
+    """The children's bytecode caches found damaged (a .pyc cut short by a full disk) and cleared meanwhile."""
+    while procs.BYTECODE_CLEARED:
+        folder = procs.BYTECODE_CLEARED.pop(0)
+        reporter.warn(f"the children's bytecode cache {folder} was damaged (a .pyc cut short, as a full disk "
+                      "leaves one: 'marshal data too short'): cleared, and the child ran again", path=folder)
+
+
 def say_refused(reporter: Reporter, sandbox: Sandbox) -> None:
     """The writes the sandbox refused to children that carried on (one that failed is an error)."""
     for r in sandbox.confinement.refused if sandbox.confinement is not None else []:
@@ -267,7 +275,9 @@ class Realization:
             return
         assert self.import_check is not None and self.profile == self.import_check.profile
         self.reporter.event("phase", phase="checking")
-        self.report["import_check"] = self.import_check.run([m.module for m in self.built.modules], self.tree)
+        # from the tree this process pinned, never through the profile gc --drop-root may remove
+        self.report["import_check"] = self.import_check.run([m.module for m in self.built.modules], self.tree,
+                                                            self.store.entry_path(self.tree) / "out")
         self.lap("check")
         self.report["schedule"]["import_check_s"] = self.timings["check"]
 
@@ -285,10 +295,13 @@ class Realization:
                           cuda=tc.cuda if tc else None)
         self.reporter.event("phase", phase="receipt")
         outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
+        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
+        set_profile(self.root.profiles, self.name, self.store, self.tree)
         # its own receipt, even when it changed nothing: the latest one in the folder may be another
         # process's, which built what this one found built (a no-op returns the receipt its record names)
         self.report["sandbox"] = self.sandbox.record()
         say_refused(self.reporter, self.sandbox)
+        say_bytecode_cleared(self.reporter)
         self.report["outside_root_audit"] = self.audit.finish(children=children_since(self.audit.started),
                                                               exclude=[self.lock_folder])
         # the realize's one duration, in its receipt as the command says it (writing the receipt not included)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.errors import BadInput
-from hermetic.recipe import MODULE_RE, NAME_RE, cpu_list, inside_repo, repo_file, size_bytes, strings
+from hermetic.recipe import MODULE_RE, NAME_RE, inside_repo, repo_file, size_bytes, strings, usable_cpus
 from hermetic.tomlutil import KeyPath, TomlDoc, check_keys, expect_type, get_key, load_toml, sandbox_mode
 
 MASKS = ("greedy", "alternate", "alternate-odd", "sampled")
@@ -259,7 +259,7 @@ def _device(doc: TomlDoc, folder: Path, data: dict[str, Any], kind: str, modules
                            hint=f"one of: {', '.join(modules)}")
     threads = int(_number(doc, t, "threads", kp, 1, 1024, 1))
     cpus_text = get_key(doc, t, "cpus", str, kp)
-    cpus = cpu_list(doc, cpus_text, (*kp, "cpus")) if cpus_text else None
+    cpus = usable_cpus(doc, cpus_text, (*kp, "cpus")) if cpus_text else None
     nice = int(_number(doc, t, "nice", kp, 0, 19, 0))
     mem_text = get_key(doc, t, "memory", str, kp)
     memory = size_bytes(doc, mem_text, (*kp, "memory")) if mem_text else 8 << 30

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from hermetic import fs
-from hermetic.errors import WorkFailed
+from hermetic.errors import BadRecord, WorkFailed
 
 if TYPE_CHECKING:  # the record types: not imported at run time, so a no-op realize never creates them
     from hermetic.store.records import (
@@ -80,6 +81,91 @@ def split_blob_name(name: str) -> tuple[str, bool]:
     return name.rstrip("x"), name.endswith("x")
 
 
+_HEX = frozenset("0123456789abcdef")
+_LABEL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-")
+
+
+def is_blob_name(name: str) -> bool:
+    """Whether ``name`` is a blob's file name: 64 lowercase hex digits, and an ``x`` for an executable."""
+    digest = name[:-1] if name.endswith("x") else name
+    return len(digest) == 64 and set(digest) <= _HEX
+
+
+def is_entry_name(name: str) -> bool:
+    """Whether ``name`` is an entry's folder name (``entry_name``): 32 hex digits, a dash and a label."""
+    return len(name) > 33 and name[32] == "-" and set(name[:32]) <= _HEX and set(name[33:]) <= _LABEL
+
+
+def describe(mode: int) -> str:
+    """What a file-system object is, for a message: "a folder", "a symbolic link", "a FIFO"..."""
+    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "an unknown kind of file"
+
+
+class Stray:
+    """Something in the store that is no blob and no entry: hermetic never opens, follows or deletes it,
+    except where it sits at a blob's or an entry's name (``at_store_name``), which only ``verify --repair``
+    clears (the blob is then fetched or built again)."""
+
+    __slots__ = ("path", "what", "at_store_name")
+
+    def __init__(self, path: Path, what: str, at_store_name: bool) -> None:
+        self.path, self.what, self.at_store_name = path, what, at_store_name
+
+
+def lstat_or_none(path: Path | str) -> os.stat_result | None:
+    """``os.lstat``, None for a path that is gone (or whose folder is no longer a folder)."""
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def list_names(folder: Path) -> list[str]:
+    """The sorted names in ``folder``; none when it is gone or not a folder (never followed: a symbolic link
+    to a folder lists nothing)."""
+    st = lstat_or_none(folder)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        return []
+    try:
+        return sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+class NotRegular(Exception):
+    """A path that should hold a regular file holds something else (a folder, a link, a FIFO)."""
+
+    def __init__(self, path: Path | str, mode: int) -> None:
+        super().__init__(f"{path} is {describe(mode)}, not a file")
+        self.path, self.mode = path, mode
+
+
+def hash_regular(path: Path | str) -> tuple[str, int]:
+    """sha256 and size of a regular file, never opening anything else: lstat first, then an open that neither
+    follows a link nor waits on a FIFO, and the open file checked to be the regular file lstat saw."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(path, st.st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode):
+            raise NotRegular(path, now.st_mode)
+        h = hashlib.sha256()
+        size = 0
+        while chunk := os.read(fd, fs.CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+        return h.hexdigest(), size
+    finally:
+        os.close(fd)
+
+
 class Store:
     def __init__(self, path: Path, *, durable: bool | None = None) -> None:
         self.path = path
@@ -98,8 +184,13 @@ class Store:
     # opening ---------------------------------------------------------------
     def open(self) -> Store:
         fmt = self.path / "FORMAT"
-        if fmt.exists():
-            found = fmt.read_text().strip()
+        if os.path.lexists(fmt):
+            try:
+                found = fs.read_regular(fmt, 4096).decode(errors="replace").strip()
+            except (fs.NotRegularFile, ValueError):
+                raise WorkFailed("the store's FORMAT is not a small regular file", where=str(fmt),
+                                 hint="move it away if hermetic did not write it; `hermetic gc --all` starts "
+                                      "the root afresh") from None
             if found != f"hermetic-store {STORE_FORMAT}":
                 raise WorkFailed(f"the store has format {found!r}; this hermetic reads format {STORE_FORMAT}",
                                  where=str(fmt), hint="use a matching hermetic, or `hermetic gc --all`")
@@ -143,7 +234,10 @@ class Store:
         return self.blobs / name[:2] / name
 
     def has_blob(self, digest: str, executable: bool = False) -> bool:
-        return self.blob_path(digest, executable).exists()
+        """Whether the blob is there: a regular file at its name (a link, a folder or a FIFO there is a stray,
+        which a blob put in its place replaces or ``verify --repair`` removes)."""
+        st = lstat_or_none(self.blob_text(digest, executable))
+        return st is not None and stat.S_ISREG(st.st_mode)
 
     def use_blob(self, digest: str, executable: bool = False) -> bool:
         """Pin a blob for this process (a temp root); False if it does not exist. Like ``use``, atomic with
@@ -166,11 +260,14 @@ class Store:
         while True:
             dst.parent.mkdir(exist_ok=True)
             try:
-                os.replace(src, dst)
+                os.replace(src, dst)  # over a stray link or FIFO at the blob's name too: the blob takes its place
                 return dst
             except FileNotFoundError:  # drop_blob removed the empty shard folder in between: make it again
                 if not src.exists():
                     raise
+            except IsADirectoryError:
+                raise WorkFailed(f"a folder stands where the blob {dst.name} belongs", where=str(dst),
+                                 hint="run `hermetic verify --repair`, which removes it") from None
 
     def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
         """Hash while copying to a temp file; publish as a blob unless it already exists."""
@@ -193,7 +290,7 @@ class Store:
             with fs.scratch_file(self.tmp, "blob-") as tmp:
                 fs.write_hashed([data], tmp, fresh=False)
                 self.put_blob_file(tmp, digest, executable)
-        elif fs.sha256_file(self.blob_path(digest, executable))[0] != digest:
+        elif hash_regular(self.blob_path(digest, executable))[0] != digest:
             self.heal_blob(digest, executable, data)
         return digest
 
@@ -221,37 +318,64 @@ class Store:
             path.parent.rmdir()
 
     def iter_blobs(self) -> Iterator[tuple[str, bool, Path]]:
-        if not self.blobs.exists():
-            return
-        for shard in sorted(self.blobs.iterdir()):
-            for p in sorted(shard.iterdir()):
-                name = p.name
-                yield *split_blob_name(name), p
+        """Every blob (a regular file at a blob's name in its shard); strays are skipped (``scan_blobs``)."""
+        for digest, executable, path, _st in self.scan_blobs()[0]:
+            yield digest, executable, path
+
+    def scan_blobs(self) -> tuple[list[tuple[str, bool, Path, os.stat_result]], list[Stray]]:
+        """The blobs, each with its lstat, and the strays among them: a shard that is no folder of a shard's
+        name (a ``.DS_Store``), a name no blob has, and anything but a regular file at a blob's name. Read with
+        lstat only; what vanishes while it is read is skipped."""
+        blobs: list[tuple[str, bool, Path, os.stat_result]] = []
+        strays: list[Stray] = []
+        for shard in list_names(self.blobs):
+            folder = self.blobs / shard
+            st = lstat_or_none(folder)
+            if st is None:
+                continue
+            if not stat.S_ISDIR(st.st_mode) or len(shard) != 2 or not set(shard) <= _HEX:
+                strays.append(Stray(folder, f"{describe(st.st_mode)} where only blob folders belong", False))
+                continue
+            for name in list_names(folder):
+                path = folder / name
+                st = lstat_or_none(path)
+                if st is None:
+                    continue
+                if not is_blob_name(name) or not name.startswith(shard):
+                    strays.append(Stray(path, f"{describe(st.st_mode)} whose name no blob has", False))
+                elif not stat.S_ISREG(st.st_mode):
+                    strays.append(Stray(path, f"{describe(st.st_mode)} where a blob belongs", True))
+                else:
+                    blobs.append((*split_blob_name(name), path, st))
+        return blobs, strays
 
     # entries ---------------------------------------------------------------
     def entry_path(self, name: str) -> Path:
         return self.entries / name
 
     def has_entry(self, name: str) -> bool:
-        return (self.entries / name / ENTRY_META).exists()
+        """Whether the entry is there: a folder (never a link) holding its record. A record that is damaged
+        (not a file, not JSON) still says the entry is there: reading it (``record``) says what is wrong."""
+        folder = lstat_or_none(self.entries / name)
+        return folder is not None and stat.S_ISDIR(folder.st_mode) and \
+            lstat_or_none(self.entries / name / ENTRY_META) is not None
 
     def record(self, name: str) -> EntryRecord:
-        """An entry's record (OSError when the entry does not exist; WorkFailed when its record is damaged)."""
+        """An entry's record (OSError when the entry does not exist; BadRecord, exit 2, when its record fails its
+        check: docs/layout.md, "A bad record")."""
+        from hermetic.store.records import entry_problem, read_checked
         path = self.entries / name / ENTRY_META
         try:
-            meta: Any = fs.read_json(path)
-        except (ValueError, UnicodeDecodeError):  # a damaged record: say so, never use it
-            raise WorkFailed(f"store entry {name} is corrupt: its record is not valid JSON", where=str(path),
-                             hint="run `hermetic verify --repair`") from None
-        if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-            raise WorkFailed(f"store entry {name} is corrupt: its record is not one of a known kind",
-                             where=str(path), hint="run `hermetic verify --repair`")
+            meta: Any = read_checked(path, lambda m: entry_problem(m, name), f"record of store entry {name}")
+        except BadRecord as e:
+            raise BadRecord(f"store entry {name} is corrupt: {e.what}", where=str(path),
+                            hint="run `hermetic verify --repair`") from None
         return cast("EntryRecord", meta)
 
     def _record_of(self, name: str, kind: str) -> EntryRecord:
         rec = self.record(name)
         if rec["kind"] != kind:
-            raise WorkFailed(f"store entry {name} is a {rec['kind']} entry where a {kind} entry was expected",
+            raise BadRecord(f"store entry {name} is a {rec['kind']} entry where a {kind} entry was expected",
                              where=str(self.entries / name / ENTRY_META), hint="run `hermetic verify --repair`")
         return rec
 
@@ -268,9 +392,26 @@ class Store:
         return cast("UnpackedRecord", self._record_of(name, "unpacked"))
 
     def iter_entries(self) -> list[str]:
-        if not self.entries.exists():
-            return []
-        return sorted(p.name for p in self.entries.iterdir())
+        """Every entry's name (a folder of an entry's name); strays are skipped (``scan_entries``)."""
+        return [name for name, _st in self.scan_entries()[0]]
+
+    def scan_entries(self) -> tuple[list[tuple[str, os.stat_result]], list[Stray]]:
+        """The entries (folders of an entry's name), each with its folder's lstat, and the strays: anything
+        else under ``entries/`` (a file, a link, a FIFO; a folder of a name no entry has)."""
+        entries: list[tuple[str, os.stat_result]] = []
+        strays: list[Stray] = []
+        for name in list_names(self.entries):
+            path = self.entries / name
+            st = lstat_or_none(path)
+            if st is None:
+                continue
+            if not is_entry_name(name):
+                strays.append(Stray(path, f"{describe(st.st_mode)} whose name no entry has", False))
+            elif not stat.S_ISDIR(st.st_mode):
+                strays.append(Stray(path, f"{describe(st.st_mode)} where an entry belongs", True))
+            else:
+                entries.append((name, st))
+        return entries, strays
 
     def entry_lock(self, name: str) -> fs.FileLock:
         return fs.FileLock(self.locks / f"{name}.lock", what=f"store entry {name}")
@@ -303,11 +444,17 @@ class Store:
 
         Pin and check happen under the gc lock (shared): gc plans and deletes under it (exclusive), so it
         either sees this pin or has finished deleting before the check. Without the lock, gc could plan,
-        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py).
+        this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py). An entry
+        whose record is no regular file (a FIFO, a folder, a link in its place) is never used: BadRecord.
         """
         with self.gc_lock():
             self.pin_entry(name)
-            return self.has_entry(name)
+            present = self.has_entry(name)
+        if present:
+            meta = lstat_or_none(self.entries / name / ENTRY_META)
+            if meta is not None and not stat.S_ISREG(meta.st_mode):
+                self.record(name)   # raises BadRecord naming it
+        return present
 
     def invalidate(self, name: str) -> Path | None:
         """Rename an entry into trash/: from this moment it is invalid garbage. Returns its trash path."""
@@ -477,6 +624,21 @@ def release_temproots() -> None:
     _OPEN_TEMPROOTS.clear()
 
 
+def _read_regular_text(path: Path) -> str:
+    """A temp-roots file's text: opened only as a regular file (never a FIFO, never through a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(path, st.st_mode)
+        chunks = []
+        while chunk := os.read(fd, fs.CHUNK):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(fd)
+
+
 def live_temproots(store: Store) -> tuple[set[str], int | None]:
     """Refs held by running processes, and the creation time of the oldest live temproots file."""
     refs: set[str] = set()
@@ -485,9 +647,11 @@ def live_temproots(store: Store) -> tuple[set[str], int | None]:
         return refs, oldest
     mine = _OPEN_TEMPROOTS.get(store.temproots_dir.resolve())
     own = mine.path if mine else None
-    for p in store.temproots_dir.iterdir():
-        if p == own:
-            continue
+    for name in list_names(store.temproots_dir):
+        p = store.temproots_dir / name
+        st = lstat_or_none(p)
+        if p == own or st is None or not stat.S_ISREG(st.st_mode):
+            continue  # a stray (a folder, a link, a FIFO) is no process's: never opened
         probe = fs.FileLock(p)
         try:
             if probe.acquire(blocking=False):
@@ -497,8 +661,8 @@ def live_temproots(store: Store) -> tuple[set[str], int | None]:
                 continue
         except FileNotFoundError:
             continue
-        with contextlib.suppress(FileNotFoundError):
-            lines = p.read_text().splitlines()
+        with contextlib.suppress(FileNotFoundError, NotRegular, UnicodeDecodeError):
+            lines = _read_regular_text(p).splitlines()
             ctime = os.stat(p).st_ctime_ns  # a file without its first line (a hermetic before it): an upper bound
             if lines and lines[0].startswith(CREATED) and lines[0][len(CREATED):].isdigit():
                 ctime = int(lines[0][len(CREATED):])

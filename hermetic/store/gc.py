@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hermetic import fs
-from hermetic.errors import PreconditionFailed, WorkFailed
+from hermetic.errors import BadRecord, PreconditionFailed
 from hermetic.root import CACHES, Root
 from hermetic.store import Store, blob_name, live_temproots, split_refs
 from hermetic.store.records import files_of
@@ -61,7 +61,7 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
         result.live_entries.add(name)
         try:
             rec = store.record(name)
-        except WorkFailed as damage:  # what it references is unknown: gc goes on, and proves less
+        except BadRecord as damage:  # what it references is unknown: gc goes on, and proves less
             result.damaged[name] = damage.what
             continue
         result.live_blobs.update(blob_name(digest, executable) for digest, executable in files_of(rec).values())
@@ -76,7 +76,7 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
         name = frontier.pop()
         try:
             named, _ = split_refs(store.record(name)["refs"])
-        except (WorkFailed, OSError):
+        except (BadRecord, OSError):
             named = [e for e in unreached if _may_reference(store, name, e)]
         for e in named:
             if e not in kept and e in unreached:

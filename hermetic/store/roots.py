@@ -1,37 +1,81 @@
 """gc roots: what keeps entries alive. ``roots/<name>.json`` (one per realized recipe or variant, written by
 realize), ``receipts/*.json`` (realize and run receipts: gc never deletes a measurement unless asked), the
 profiles, and the temp roots of running processes (``store.live_temproots``). gc reads them all here.
+
+A root or receipt that fails its check (docs/layout.md, "A bad record") makes gc refuse to collect: it cannot
+know what that root protects. Nothing here opens anything but a regular file (``records.read_checked``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import stat
 from pathlib import Path
+from typing import Any
 
 from hermetic import fs
+from hermetic.errors import BadRecord
 from hermetic.root import Root
+from hermetic.store import list_names, lstat_or_none
+from hermetic.store.records import read_checked, receipt_problem, root_problem
+
+
+def root_files(folder: Path) -> list[Path]:
+    """The records of a roots/ or receipts/ folder: its ``*.json`` names (a write in progress, ``.name.tmp``,
+    is none of them)."""
+    return [folder / n for n in list_names(folder) if n.endswith(".json") and not n.startswith(".")]
+
+
+def read_root(path: Path) -> dict[str, Any]:
+    """A gc root (``RootRecord``), checked; BadRecord naming it, FileNotFoundError when it is gone."""
+    record: dict[str, Any] = read_checked(path, root_problem, "gc root")
+    return record
+
+
+def read_receipt(path: Path) -> dict[str, Any]:
+    """A receipt's head (``ReceiptHead``), checked; BadRecord naming it, FileNotFoundError when it is gone."""
+    record: dict[str, Any] = read_checked(path, receipt_problem, "receipt")
+    return record
+
+
+def receipt_owner(path: Path) -> str | None:
+    """The recipe a realize receipt's file name says it is for (``<name>-<time>-<digest>.json``); None for a
+    run's (``run-...``) or a name of another shape: what a receipt that cannot be read is known by."""
+    parts = path.stem.rsplit("-", 2)
+    if len(parts) != 3 or path.name.startswith("run-"):
+        return None
+    return parts[0]
 
 
 def root_refs(root: Root, dropped: set[str] = frozenset()) -> set[str]:  # type: ignore[assignment]
-    """Every entry and blob reference the roots hold (those of ``dropped`` root names left out)."""
+    """Every entry and blob reference the roots hold (those of ``dropped`` root names left out). A root or a
+    receipt that fails its check stops gc (BadRecord, exit 2): what it protects cannot be known, unless it is
+    the record of a root being dropped."""
     refs: set[str] = set()
-    for folder in (root.roots, root.receipts):
-        if not folder.exists():
-            continue
-        for p in sorted(folder.glob("*.json")):
+    for folder, read, what in ((root.roots, read_root, "gc root"), (root.receipts, read_receipt, "receipt")):
+        for p in root_files(folder):
             try:
-                record = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue  # an unreadable root protects nothing; verify reports it
+                record = read(p)
+            except FileNotFoundError:
+                continue  # dropped meanwhile
+            except BadRecord as bad:
+                owner = p.stem if folder == root.roots else receipt_owner(p)
+                if owner is not None and owner in dropped:
+                    continue
+                hint = (f"run `hermetic verify --repair` (which removes it), or `hermetic gc --drop-root "
+                        f"{owner or 'NAME'}` to forget it")
+                raise BadRecord(f"{bad.what}: what that {what} protects cannot be known, so nothing is collected",
+                                where=str(p), hint=hint) from None
             if root_name(record, p) in dropped:
                 continue
-            refs.update(r for r in record.get("refs", []) if isinstance(r, str))
-    if root.profiles.exists():
-        for link in root.profiles.iterdir():
-            if link.name in dropped or not link.is_symlink():
-                continue
+            refs.update(record.get("refs", []))
+    for name in list_names(root.profiles):
+        link = root.profiles / name
+        st = lstat_or_none(link)
+        if name in dropped or st is None or not stat.S_ISLNK(st.st_mode):
+            continue
+        with contextlib.suppress(OSError):
             target = Path(os.readlink(link))
             if target.name == "out":
                 refs.add(f"entry:{target.parent.name}")
@@ -49,18 +93,24 @@ def root_name(record: dict[str, object], path: Path) -> str:
 
 
 def drop_root(root: Root, name: str) -> None:
-    """Forget a root: its roots/ record, its profile and its realize receipts (never run results)."""
+    """Forget a root: its roots/ record, its profile and its realize receipts (never run results); a receipt
+    that cannot be read goes when its file name says it is this recipe's."""
     with contextlib.suppress(FileNotFoundError):
         (root.roots / f"{name}.json").unlink()
-    for p in sorted(root.receipts.glob("*.json")) if root.receipts.exists() else []:
+    for p in root_files(root.receipts):
         try:
-            record = json.loads(p.read_text())
-        except (OSError, ValueError):
+            record = read_receipt(p)
+            mine = record.get("kind") == "realize" and root_name(record, p) == name
+        except FileNotFoundError:
             continue
-        if record.get("kind") == "realize" and root_name(record, p) == name:
-            p.unlink()
+        except BadRecord:
+            mine = receipt_owner(p) == name
+        if mine:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
     link = root.profiles / name
-    if link.is_symlink():
+    st = lstat_or_none(link)
+    if st is not None and stat.S_ISLNK(st.st_mode):
         link.unlink()
 
 
@@ -72,13 +122,10 @@ def write_root(root: Root, name: str, recipe_path: Path, entries: list[str]) -> 
     path = root.roots / f"{name}.json"
     data = fs.pretty_json(record)
     try:
-        old = path.read_bytes()
-    except OSError:
-        old = None
-    if old == data:
+        old: dict[str, Any] | None = read_root(path)
+    except (OSError, BadRecord):
+        old = None   # none yet, or a bad one: replaced by this one
+    if old == record:
         return False
     fs.atomic_write(path, data)
-    try:
-        return json.loads(old or b"null")["refs"] != record["refs"]
-    except (ValueError, TypeError, KeyError):
-        return True
+    return old is None or old.get("refs") != record["refs"]

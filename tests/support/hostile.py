@@ -365,6 +365,11 @@ def _cases() -> list[Case]:
         return ctx.build_recipe('[sources.s]\npath = "src"\n', '[limits]\ncpus = "0-99999999999"\n',
                                 {"src/a.cpp": "int a;\n"})
 
+    @case("toml-cpus-not-here", "a recipe asking for a CPU this machine lacks (cpus = \"4095\")", 2,
+          ("recipe.toml:", "limits.cpus", "no CPU this machine"), builds=True)
+    def _(ctx: Ctx) -> list[str]:   # it was a child's traceback and "fix the compile error above"
+        return ctx.build_recipe('[sources.s]\npath = "src"\n', '[limits]\ncpus = "4095"\n', {"src/a.cpp": "int a;\n"})
+
     @case("toml-absurd-address-space", "a recipe with address_space = 99999999T", 2,
           ("recipe.toml:", "limits.address_space"), builds=True)
     def _(ctx: Ctx) -> list[str]:
