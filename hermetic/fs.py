@@ -27,10 +27,12 @@ CHUNK = 1 << 20
 Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
+def sha256_file(path: Path | str, *, follow: bool = True) -> tuple[str, int]:
+    """(sha256, size) of a file's bytes; ``follow=False``: never through a symlink (ELOOP)."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    with open(os.open(path, flags), "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)

@@ -94,6 +94,10 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         raise BadInput(f"hermetic export would write {archive} inside the store ({target})", where=str(archive),
                        hint="store files are read-only and content-addressed: write the archive outside the store, "
                             "e.g. ./closure.tar.zst")
+    if target.is_relative_to(os.path.realpath(root.path)):  # a gc root, a receipt, the marker: hermetic's own
+        raise BadInput(f"hermetic export would write {archive} inside the scratch root {root.path} ({target})",
+                       where=str(archive), hint="everything under the root is hermetic's (gc --all removes it): "
+                                                "write the archive outside it, e.g. ./closure.tar.zst")
     wanted = set(names)
     root_files = sorted(p for p in root.roots.glob("*.json") if not wanted or p.stem in wanted)
     missing = wanted - {p.stem for p in root_files}

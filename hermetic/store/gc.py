@@ -158,10 +158,15 @@ def _prune_index(store: Store) -> None:
 
 
 def remove_all(root: Root) -> int:
-    """gc --all: the whole scratch root, once no other hermetic process is using it."""
+    """gc --all: the whole scratch root, once no other hermetic process is using it; only a folder that is a
+    marked scratch root, never /, the home folder, the current folder or a checkout (``Root.refuse_removal``).
+    An empty folder without a marker is no root and is left as it is."""
     store = Store(root.store)
-    if not root.path.exists():
+    if not os.path.lexists(root.path):
         return 0
+    if os.path.isdir(root.path) and not os.path.islink(root.path) and not os.listdir(root.path):
+        return 0
+    root.refuse_removal()
     if store.exists():
         with store.gc_lock(exclusive=True, timeout=0.5):
             refs, _ = live_temproots(store)
