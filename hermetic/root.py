@@ -166,7 +166,8 @@ class Root:
             self.path.mkdir(parents=True, exist_ok=True)
             others = sorted(n for n in os.listdir(self.path)
                             if not (n.startswith(f".{ROOT_MARKER}.") and n.endswith(".tmp")))
-            if others:
+            found = self.marker_format() if others else None  # another process making it just now wrote it first
+            if others and found is None:
                 raise BadInput(
                     f"{self.path} holds files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) and is "
                     f"not a hermetic scratch root (no {ROOT_MARKER} file): hermetic makes a root only in a missing or "
@@ -174,7 +175,7 @@ class Root:
                     hint=f"the scratch root comes from {self.named_by}: choose a new folder with --root or "
                          f"HERMETIC_ROOT (if this folder really is a root whose marker was lost, create an empty "
                          f"{ROOT_MARKER} file in it)")
-        elif found > ROOT_FORMAT:
+        if found is not None and found > ROOT_FORMAT:
             raise WorkFailed(f"the scratch root {self.path} has format {found}; this hermetic reads format "
                              f"{ROOT_FORMAT}", where=str(self.path / ROOT_MARKER),
                              hint="use a matching hermetic, or another --root")

@@ -67,6 +67,7 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store import gc
     if args.all:
         if args.dry_run:
+            gc.check_remove_all(root)
             reporter.event("gc", f"would remove the whole scratch root {root.path}")
             reporter.result("gc", True, 0, all=True, dry_run=True, root=str(root.path))
             return 0
