@@ -94,10 +94,10 @@ def test_roots_made_at_once_in_one_empty_folder_all_succeed(tmp_path: Path) -> N
         folder.mkdir()
         errors: list[BaseException] = []
 
-        def make(folder: Path = folder) -> None:
+        def make(folder: Path = folder, errors: list[BaseException] = errors) -> None:
             try:
                 Root(folder).ensure()
-            except BaseException as e:  # noqa: BLE001 - collected for the assertion below
+            except BaseException as e:  # collected for the assertion below
                 errors.append(e)
 
         threads = [threading.Thread(target=make) for _ in range(4)]

@@ -11,7 +11,6 @@ archive (exit 2) and leaves the store as it was.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from hermetic import __version__, fs
-from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
@@ -33,6 +32,7 @@ from hermetic.store.roots import root_refs
 from hermetic.store.trees import build_tree
 
 ARCHIVE_FORMAT = 1
+MAX_BLOB_BYTES = 1 << 44   # 16 TiB: a size past this is no file's
 _ENTRY_RE = re.compile(r"^entries/([A-Za-z0-9._+-]{1,160})/meta\.json$")
 _BLOB_RE = re.compile(r"^blobs/([0-9a-f]{64}x?)$")
 _ROOT_RE = re.compile(r"^roots/([A-Za-z0-9._-]{1,80})\.json$")
@@ -217,6 +217,7 @@ def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
                 if name != "MANIFEST.json" or member.size > 64 << 20:
                     raise bad("the first member is not MANIFEST.json")
                 manifest = _load_manifest(tar, member, bad)
+                _check_space(manifest, staging, archive)  # before a byte of a blob is written
                 continue
             if m := _BLOB_RE.match(name):
                 bname = m.group(1)
@@ -255,7 +256,27 @@ def _load_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, bad: Any) -> d
     for key in ("entries", "blobs", "roots"):
         if not isinstance(manifest.get(key), dict):
             raise bad(f"MANIFEST.json has no {key} table")
+    for name, size in manifest["blobs"].items():
+        if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= MAX_BLOB_BYTES):
+            raise bad(f"MANIFEST.json gives blob {str(name)[:16]}… the size {str(size)[:40]!r}")
+    for key in ("entries", "roots"):
+        for name, digest in manifest[key].items():
+            if not (isinstance(digest, str) and len(digest) == 64):
+                raise bad(f"MANIFEST.json gives {key[:-1]} {str(name)[:40]!r} no sha256")
     return manifest
+
+
+def _check_space(manifest: dict[str, Any], staging: Path, archive: Path) -> None:
+    """The blobs the manifest declares must fit the free space of the store's file system, checked before
+    anything is extracted (a small archive may declare, and hold, gigabytes of zeros)."""
+    import shutil
+    need = sum(manifest["blobs"].values())
+    free = shutil.disk_usage(staging).free
+    if need > free:
+        raise WorkFailed(f"archive {archive.name} holds {need} bytes of files and the store's file system has "
+                         f"{free} bytes free", where=str(archive),
+                         hint="free space (`hermetic gc` deletes what no root needs) or import into a root on a "
+                              "larger file system; nothing was imported")
 
 
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
@@ -268,15 +289,20 @@ def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> b
 
 def _extract_blob(tar: tarfile.TarFile, member: tarfile.TarInfo, staging: Path, bname: str,
                   bad: Any) -> Path:
+    """A blob member into the staging folder, never past its declared size (checked while it streams) and
+    hashed on the way."""
     f = tar.extractfile(member)
     assert f is not None
-    h = hashlib.sha256()
     dst = staging / bname
-    with open(dst, "wb") as out:
-        while chunk := f.read(fs.CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-    if h.hexdigest() != split_blob_name(bname)[0]:
+    try:
+        digest, size = fs.copy_hashed(f, dst, limit=member.size)
+    except fs.TooLarge:
+        raise bad(f"blob {bname[:16]}… is larger than its declared {member.size} bytes") from None
+    except FileExistsError:
+        raise bad(f"blob {bname[:16]}… appears twice") from None
+    if size != member.size:
+        raise bad(f"blob {bname[:16]}… is shorter than its declared {member.size} bytes")
+    if digest != split_blob_name(bname)[0]:
         raise bad(f"blob {bname[:16]}… does not hash to its name")
     return dst
 
