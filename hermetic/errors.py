@@ -56,6 +56,13 @@ class BadInput(HermeticError):
     kind = "bad-input"
 
 
+class BadRecord(BadInput):
+    """A record read back from the root or an archive that fails its check (docs/layout.md, "A bad record"):
+    exit 2, naming the file; what each command does about it is that table's row."""
+
+    kind = "bad-record"
+
+
 class PreconditionFailed(HermeticError):
     """A lock wait timed out, the GPU is busy, the toolchain does not match torch (exit 3)."""
 

@@ -169,6 +169,45 @@ def read_json(path: Path) -> Any:
         return json.load(f)
 
 
+class NotRegularFile(OSError):
+    """``read_regular`` found something else at the path: a folder, a FIFO, a device, a symbolic link."""
+
+
+def read_regular(path: Path | str, limit: int) -> bytes:
+    """The bytes of a regular file, read without following a symbolic link at ``path`` and without blocking
+    on a FIFO or a device (opened O_NONBLOCK, then checked by fstat before a byte is read). OSError as open
+    raises it; ``NotRegularFile`` for anything but a regular file; ValueError when it holds more than
+    ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", str(path))
+        if st.st_size > limit:
+            raise ValueError(f"{path} holds {st.st_size} bytes, more than the {limit} a record may")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"{path} holds more than the {limit} bytes a record may")
+        return data
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def make_tree_readonly(top: Path) -> None:
     """Drop write bits on every file and folder below ``top``, through the folders' descriptors: a symlink
     is never followed (nor chmodded), so a link in the tree cannot make this change a file outside it."""

@@ -26,7 +26,7 @@ from tests.support.cli import REPO, hermetic_env
 from tests.support.index import LoopbackIndex
 from tests.support.nginx import Nginx
 from tests.support.recipes import make_pkg, pip_lock_line, recipe_toml
-from tests.support.trees import listing, store_listing
+from tests.support.trees import bad_records, listing, store_listing
 
 # the last commit before object keys became path-independent (keys.SALT v2, remote.layout.AC_SALT v2)
 COMPAT_BASE = "0528f64184f4d247568de11ab74ef50400c0d464"
@@ -114,6 +114,7 @@ def test_a_root_and_a_remote_cache_written_by_the_base_commit_are_read_unchanged
     rc, old, err = hermetic(base_code, root, tmp_path / "home-a", "realize", recipe, env=writer)
     assert rc == 0, err
     assert old["counts"]["objects_compiled"] == 1 and old["changed"] is True  # type: ignore[index]
+    assert bad_records(root) == {}  # what the base wrote passes today's checks of records read back
     before = store_listing(root)
     receipts = sorted((root / "receipts").iterdir())
 
@@ -194,6 +195,7 @@ def test_an_unpacker_upgrade_keeps_the_toolchains_objects(tmp_path: Path, shared
     offline = {"PIP_NO_INDEX": "1"}
     rc, old, err = hermetic(older, root, tmp_path / "home", "realize", recipe, env=offline)
     assert rc == 0 and old["counts"]["objects_compiled"] == 1, err  # type: ignore[index]
+    assert bad_records(root) == {}
     rc, new, err = hermetic(None, root, tmp_path / "home", "realize", recipe, "--explain", env=offline)
     assert rc == 0, err
     counts = new["counts"]

@@ -45,3 +45,21 @@ def listing(top: Path, *, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, in
 def store_listing(root: Path) -> dict[str, tuple[int, int]]:
     """Everything under a root's store but its scratch parts."""
     return listing(root / "store", skip=SCRATCH)
+
+
+def bad_records(root: Path) -> dict[str, str]:
+    """Every record under ``root`` that fails its check (docs/layout.md, "A bad record"): path -> why."""
+    from hermetic.errors import BadRecord
+    from hermetic.store.records import entry_problem, read_checked, receipt_problem, root_problem
+
+    found: dict[str, str] = {}
+    checks = [(p, lambda v, n=p.parent.name: entry_problem(v, n), "entry record")
+              for p in sorted((root / "store" / "entries").glob("*/meta.json"))]
+    checks += [(p, root_problem, "gc root") for p in sorted((root / "roots").glob("*.json"))]
+    checks += [(p, receipt_problem, "receipt") for p in sorted((root / "receipts").glob("*.json"))]
+    for path, problem, what in checks:
+        try:
+            read_checked(path, problem, what)
+        except BadRecord as e:
+            found[str(path.relative_to(root))] = e.what
+    return found
