@@ -27,7 +27,7 @@ from hermetic.reporter import Reporter
 from hermetic.root import Root
 from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
 from hermetic.store.admission import record_problem
-from hermetic.store.records import EntryRecord, files_of
+from hermetic.store.records import EntryRecord, entry_problem, files_of, read_checked, root_problem
 from hermetic.store.roots import root_refs
 from hermetic.store.trees import build_tree
 
@@ -107,9 +107,11 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     refs: set[str] = set()
     # the roots read and their closure pinned at once, under the gc lock: a gc waits, then sees the pins
     with store.gc_lock():
-        root_bytes = {p: p.read_bytes() for p in root_files}  # a root gc then drops still travels
-        for data in root_bytes.values():
-            refs.update(json.loads(data).get("refs", []))
+        root_bytes: dict[Path, bytes] = {}
+        for p in root_files:  # a root gc then drops still travels; a bad one is refused (docs/layout.md)
+            record = read_checked(p, root_problem, "gc root")
+            root_bytes[p] = p.read_bytes()
+            refs.update(record["refs"])
         if not wanted:
             refs |= root_refs(root)
         entries, blobs = _closure(store, refs)
@@ -236,6 +238,12 @@ def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
                 data = _read_member(tar, member, 1 << 20)
                 if manifest["roots"].get(m.group(1)) != fs.sha256_bytes(data):
                     raise bad(f"root {m.group(1)} does not match the manifest")
+                try:
+                    why = root_problem(json.loads(data))
+                except ValueError:  # UnicodeDecodeError too
+                    why = "it is not JSON"
+                if why is not None:  # a bad gc root would make every later gc refuse to collect
+                    raise bad(f"member {name} is no gc root: {why}")
                 roots[m.group(1)] = data
             else:
                 raise bad(f"unexpected member {name!r}")
@@ -327,7 +335,7 @@ def _check_records(store: Store, metas: dict[str, Any], blob_files: dict[str, Pa
     pinned now, in the store."""
     for name in sorted(metas):
         meta = metas[name]
-        why = record_problem(meta, name)
+        why = entry_problem(meta, name) or record_problem(meta, name)  # its shape, then its name
         if why is None:
             missing = [b for b in sorted(_needed_blobs(meta)) if b not in blob_files and not
                        store.use_blob(*split_blob_name(b))]
