@@ -25,11 +25,11 @@ from hermetic import __version__, fs
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
+from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, provenance, split_blob_name, split_refs
 from hermetic.store.admission import record_problem
 from hermetic.store.records import EntryRecord, entry_problem, files_of, read_checked, root_problem
 from hermetic.store.roots import root_refs
-from hermetic.store.trees import build_tree
+from hermetic.store.trees import build_tree, tree_entry_name
 
 ARCHIVE_FORMAT = 1
 MAX_BLOB_BYTES = 1 << 44   # 16 TiB: a size past this is no file's
@@ -81,9 +81,12 @@ def stream_order(blobs: dict[str, str], sizes: dict[str, int]) -> list[str]:
 
 
 def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Reporter,
-                   level: int = 19) -> dict[str, int]:
+                   level: int = 19, sign: Path | None = None) -> dict[str, Any]:
+    """Write the closure of the roots (``names``, else all) to ``archive``; ``sign``: a secret key file whose
+    signature over the manifest lets an importer that trusts its public key take every record."""
     import zstandard
 
+    key = provenance.load_secret(sign) if sign is not None else None  # a bad key fails before any work
     store = Store(root.store)
     if not store.exists():
         raise BadInput(f"nothing to export: no store at {root.store}", where="--root",
@@ -128,6 +131,8 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     order = stream_order(blobs, manifest["blobs"])
     for p in root_files:
         manifest["roots"][p.stem] = fs.sha256_bytes(root_bytes[p])
+    if key is not None:
+        manifest["signatures"] = [key.sign(provenance.manifest_message(manifest))]
     archive.parent.mkdir(parents=True, exist_ok=True)
     task = reporter.task(f"export {archive.name}", total, "bytes")
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
@@ -160,7 +165,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         if tmp.exists():
             tmp.unlink()
     return {"entries": len(entries), "blobs": len(blobs), "bytes": total,
-            "archive_bytes": archive.stat().st_size}
+            "archive_bytes": archive.stat().st_size, "signed_by": key.name if key is not None else None}
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -171,13 +176,18 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def import_closure(root: Root, archive: Path, *, reporter: Reporter,
-                   host: Callable[[], Mapping[str, object]]) -> dict[str, int]:
+                   host: Callable[[], Mapping[str, object]], trust_unsigned: bool = False,
+                   trusted: list[provenance.PublicKey] | None = None) -> dict[str, Any]:
     """Verify and add an archive; ``host`` gives this machine's interpreter and torch identity (asked only
-    when an entry was built for one: it may import torch)."""
+    when an entry was built for one: it may import torch). Records that cannot be re-derived (objects,
+    modules, unpacked wheels, source trees) are taken only under a signature by a key of ``trusted`` (default:
+    HERMETIC_TRUSTED_KEYS), or with ``trust_unsigned``; otherwise they are left out, and said. Every import
+    writes its receipt in ``imports/``."""
     import zstandard
 
     if not archive.is_file():
         raise BadInput(f"archive {archive} does not exist", where=str(archive))
+    keys = provenance.trusted_keys() if trusted is None else trusted
     root.ensure()
     store = Store(root.store).open()
     staging = store.tmp / f"import-{os.getpid()}-{time.time_ns()}"
@@ -188,16 +198,71 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
             with dctx.stream_reader(raw) as zr:
                 manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
         _check_records(store, metas, blob_files, archive)  # every record, before anything is published
-        _check_hosts(host, metas, archive)
+        signer, vouched_by = _vouch(manifest, keys, trust_unsigned, archive)
+        left_out = [] if vouched_by else sorted(n for n, m in metas.items() if needs_vouching(n, m))
+        kept = {n: m for n, m in metas.items() if n not in left_out}
+        wanted = _wanted_blobs(kept, blob_files) if left_out else set(blob_files)
+        blob_files = {b: p for b, p in blob_files.items() if b in wanted}
+        _check_hosts(host, kept, archive)
         new_blobs = sum(not store.has_blob(*split_blob_name(b)) for b in blob_files)
-        _publish(root, store, metas, roots, blob_files)
+        _publish(root, store, kept, roots, blob_files)
     except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
         raise BadInput(f"archive {archive.name} is damaged: {e}", where=str(archive),
                        hint="copy it again; nothing was imported") from None
     finally:
         fs.remove_tree(staging)
-    return {"entries": len(metas), "blobs": len(blob_files), "new_blobs": new_blobs,
-            "roots": len(roots), "bytes": sum(manifest["blobs"].values())}
+    stats: dict[str, Any] = {
+        "entries": len(kept), "blobs": len(blob_files), "new_blobs": new_blobs, "roots": len(roots),
+        "bytes": sum(manifest["blobs"].values()), "signed_by": signer, "vouched_by": vouched_by,
+        "trust_unsigned": vouched_by == "--trust-unsigned", "left_out": left_out}
+    _write_receipt(root, archive, stats)
+    return stats
+
+
+def needs_vouching(name: str, meta: Mapping[str, Any]) -> bool:
+    """Whether a record says more than its name proves (store/provenance.py): an object (its compiled bytes),
+    a module (its linked library), an unpacked wheel (the wheel is not in the archive) and an input-addressed
+    source tree; a content-addressed tree is named by the files and links it holds, a blob by its bytes."""
+    if meta["kind"] != "tree":
+        return True
+    files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+    return bool(tree_entry_name(meta["label"], files, meta["links"]) != name)
+
+
+def _vouch(manifest: dict[str, Any], keys: list[provenance.PublicKey], trust_unsigned: bool,
+           archive: Path) -> tuple[str | None, str | None]:
+    """(the key that signed the manifest, or None; who vouches for its records: "key NAME", "--trust-unsigned"
+    or None). A signature by a trusted key that does not verify is a changed archive: refused."""
+    try:
+        sigs = provenance.signatures_of(manifest)
+    except ValueError as e:
+        raise BadInput(f"archive {archive.name}: MANIFEST.json: {e}", where=str(archive),
+                       hint="the archive is damaged or not from `hermetic export`; nothing was imported") from None
+    signer, broken = provenance.trusted_signer(provenance.manifest_message(manifest), sigs, keys) if sigs \
+        else (None, [])
+    if broken:
+        raise BadInput(f"archive {archive.name}: its signature by trusted key {broken[0]} does not verify: it was "
+                       "changed after it was signed", where=str(archive),
+                       hint="copy it again from its signer; nothing was imported")
+    if signer is not None:
+        return signer, f"key {signer}"
+    return (sigs[0]["key"] if sigs else None), ("--trust-unsigned" if trust_unsigned else None)
+
+
+def _wanted_blobs(kept: Mapping[str, Any], blob_files: Mapping[str, Path]) -> set[str]:
+    """The blobs the records kept need or name (what left-out records alone need would be garbage)."""
+    wanted: set[str] = set()
+    for meta in kept.values():
+        wanted |= _needed_blobs(meta) | set(split_refs(meta["refs"])[1])
+    return wanted & set(blob_files)
+
+
+def _write_receipt(root: Root, archive: Path, stats: Mapping[str, Any]) -> None:
+    """``imports/<time>-<pid>.json``: what an import took, from which archive, and who vouched for it."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    record = {"format": 1, "kind": "import", "archive": str(archive.absolute()),
+              "archive_sha256": fs.sha256_file(archive)[0], "time": stamp, **stats}
+    fs.atomic_write_json(root.path / "imports" / f"{stamp}-{os.getpid()}.json", record, pretty=True)
 
 
 def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
