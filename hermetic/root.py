@@ -16,6 +16,7 @@ from hermetic.errors import BadInput, WorkFailed, path_error
 
 ROOT_MARKER = "HERMETIC_ROOT"
 ROOT_FORMAT = 1   # the root's layout (docs/layout.md); the store inside it has its own (store/FORMAT)
+LAYOUT = frozenset({"store", "profiles", "roots", "receipts", "state", "tmp", "home", "build", "imports"})
 MARKER_TEXT = (f"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n"
                f"format: hermetic-root {ROOT_FORMAT}\n").encode()
 DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
@@ -156,9 +157,10 @@ class Root:
 
     def ensure(self) -> None:
         """Make the root ready for writing. Only a missing or empty folder becomes a root (its marker written
-        first, so that a second process making it at once sees a root); a folder with files and no marker is
-        refused: a mistyped --root must never become a root that `gc --all` removes with the user's files. An
-        earlier hermetic's marker is upgraded to name the format."""
+        first, so that a second process making it at once sees a root), or one that holds nothing but a root's
+        own folders, its store's FORMAT among them (a root copied without its marker); a folder with other files
+        and no marker is refused: a mistyped --root must never become a root that `gc --all` removes with the
+        user's files. An earlier hermetic's marker is upgraded to name the format."""
         if self.read_only:
             raise RuntimeError(f"a read-only view of {self.path} cannot be made ready for writing")
         found = self.marker_format()
@@ -167,6 +169,8 @@ class Root:
             others = sorted(n for n in os.listdir(self.path)
                             if not (n.startswith(f".{ROOT_MARKER}.") and n.endswith(".tmp")))
             found = self.marker_format() if others else None  # another process making it just now wrote it first
+            if others and found is None and self._layout_only(others):
+                found = 0   # a root whose marker was lost (copied without it): its own folders and nothing else
             if others and found is None:
                 raise BadInput(
                     f"{self.path} holds files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) and is "
@@ -183,6 +187,15 @@ class Root:
             fs.atomic_write(self.path / ROOT_MARKER, MARKER_TEXT)
         for d in (self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
+
+    def _layout_only(self, names: list[str]) -> bool:
+        """Whether a folder without a marker holds only a root's own folders, its store's format among them: a
+        root copied without its marker, never a mistyped path of someone's files."""
+        try:
+            fmt = fs.read_regular(self.path / "store" / "FORMAT", 256)
+        except (OSError, ValueError):
+            return False
+        return fmt.startswith(b"hermetic-store ") and set(names) <= LAYOUT
 
     def refuse_removal(self) -> None:
         """Why ``gc --all`` must not remove this folder, raised: it is no marked scratch root, or it is /, the

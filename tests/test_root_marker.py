@@ -86,6 +86,22 @@ def test_an_earlier_hermetics_marker_is_upgraded_on_the_next_write(tmp_path: Pat
     assert (root / ROOT_MARKER).read_bytes() == MARKER_TEXT and Root(root).marker_format() == 1
 
 
+def test_a_root_copied_without_its_marker_is_still_a_root_and_a_look_alike_is_not(tmp_path: Path,
+                                                                                 hermetic: Hermetic) -> None:
+    """Only a root's own folders, with the store's FORMAT: taken as a root whose marker was lost. A folder named
+    store without that file beside someone's files is not."""
+    copied = tmp_path / "copied"
+    hermetic("import", _archive(tmp_path), root=copied, check=True)
+    (copied / ROOT_MARKER).unlink()
+    assert hermetic("import", _archive(tmp_path), root=copied).rc == 0 and Root(copied).marker_format() == 1
+    lookalike = tmp_path / "lookalike"
+    before = _user_folder(lookalike)
+    (lookalike / "store").mkdir()
+    before = _contents(lookalike)
+    res = hermetic("import", _archive(tmp_path), root=lookalike)
+    assert res.rc == 2 and "not a hermetic scratch root" in res.err and _contents(lookalike) == before
+
+
 def test_roots_made_at_once_in_one_empty_folder_all_succeed(tmp_path: Path) -> None:
     """The marker is written first, so a second process making the same root sees a root, not a folder of
     someone else's files."""
