@@ -108,6 +108,23 @@ def test_a_tree_is_judged_as_a_whole(files: dict[str, str], links: dict[str, str
     assert why in (tree_problem(files, links) or "")
 
 
+def test_a_hostile_shape_is_judged_in_bounded_time() -> None:
+    """Deep paths, many links and long targets (what fits a record of an archive) are judged in about a second:
+    no list of every ancestor, a trie of the links, a budget of steps."""
+    import time
+    deep = "/".join(["d"] * 1000)
+    files = {f"{deep}/f{i}": DIGEST for i in range(2000)}
+    links = {f"l{i}": "/".join(["x"] * 2000) for i in range(400)}
+    links.update({"x": ".", "lp": "/".join(["x"] * 2047)})
+    start = time.monotonic()
+    why = tree_problem(files, links)
+    assert time.monotonic() - start < 5, why
+    chain = {f"c{i}": f"c{i + 1}" for i in range(2000)}
+    start = time.monotonic()
+    assert "leaves the tree through" in (tree_problem({}, chain) or "")   # past 40 hops: a loop to the kernel
+    assert time.monotonic() - start < 5
+
+
 def test_the_toolchains_links_pass() -> None:
     files = {"nvidia/cu13/lib/libcudart.so.13": DIGEST, "nvidia/cu13/bin/nvcc": DIGEST}
     assert tree_problem(files, {"nvidia/cu13/lib64": "lib", "nvidia/cu13/lib/libcudart.so": "libcudart.so.13"}) \

@@ -8,10 +8,13 @@ symlink ``profiles/<name>`` swapped atomically to the current tree: the stable p
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
+from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from hermetic import fs
 from hermetic.errors import BadInput, WorkFailed
@@ -40,65 +43,104 @@ def check_link_target(rel: str, target: str) -> None:
 
 
 MAX_LINK_HOPS = 40   # the kernel's limit on symlinks in one path (Linux: 40)
+MAX_TARGET = 4096    # PATH_MAX: no link the kernel could follow has a longer target
+MAX_STEPS = 5_000_000  # components walked resolving every link of one tree (an honest tree: a few dozen)
 
 
 def tree_problem(files: Mapping[str, object], links: Mapping[str, str]) -> str | None:
     """Why a tree of ``files`` and ``links`` cannot be laid out safely, or None: a path that is not plain; a
     path both a file and a link, or a file and a folder; a file or link whose folder passes one of the tree's
     links (it would be laid out through the link); a link whose target, resolved in the tree with the tree's
-    other links, leaves it (each link's own ``..`` check is not enough: links can chain through one another)."""
+    other links, leaves it (each link's own ``..`` check is not enough: links can chain through one another).
+    The work is bounded for any record (sorted paths and a trie of the links, no list of every ancestor)."""
     for rel in (*files, *links):
         try:
             check_relpath(rel)
         except ValueError:
             return f"its path {rel!r} is not a plain relative path"
-    folders: set[str] = set()
-    for rel in (*files, *links):
-        folders.update(_ancestors(rel.rpartition("/")[0]))
     for rel in links:
         if rel in files:
             return f"{rel!r} is both a file and a symlink"
-    for folder in sorted(folders):
-        if folder in links:
-            passing = next(r for r in sorted((*files, *links)) if r.startswith(folder + "/"))
-            return f"{passing!r} would be laid out through its symlink {folder!r}"
+    paths = sorted({*files, *links})
+
+    def first_below(prefix: str) -> str | None:
+        i = bisect.bisect_left(paths, prefix + "/")
+        return paths[i] if i < len(paths) and paths[i].startswith(prefix + "/") else None
+
+    for rel in sorted(links):
+        passing = first_below(rel)
+        if passing is not None:
+            return f"{passing!r} would be laid out through its symlink {rel!r}"
     for rel in files:
-        if rel in folders:
+        if first_below(rel) is not None:
             return f"{rel!r} is both a file and a folder"
+    trie = _link_trie(links)
+    budget = [MAX_STEPS]
     for rel, target in sorted(links.items()):
         try:
             check_link_target(rel, target)
         except ValueError as e:
             return str(e)
-        if _resolve_in_tree(rel, target, links) is None:
+        if len(target) > MAX_TARGET:
+            return f"symlink {rel} has a target of {len(target)} characters, more than a path may have"
+        if _resolve_in_tree(rel, target, trie, budget) is None:
+            if budget[0] <= 0:
+                return "its symlinks are too many or too long to judge"
             return f"symlink {rel} -> {target} leaves the tree through its other symlinks"
     return None
 
 
-def _resolve_in_tree(rel: str, target: str, links: Mapping[str, str]) -> list[str] | None:
+_LINK = ""   # the key under which a trie node holds the link that ends there
+
+
+def _link_trie(links: Mapping[str, str]) -> dict[str, Any]:
+    """The links' paths as nested dicts of components; a node where a link ends holds its target at ``_LINK``
+    (no component is empty: check_relpath)."""
+    trie: dict[str, Any] = {}
+    for rel, target in links.items():
+        node = trie
+        for part in rel.split("/"):
+            node = node.setdefault(part, {})
+        node[_LINK] = target
+    return trie
+
+
+def _resolve_in_tree(rel: str, target: str, trie: dict[str, Any], budget: list[int]) -> list[str] | None:
     """Where the link ``rel -> target`` leads, as the kernel resolves it: component by component from the
     link's folder, each of the tree's links met on the way replaced by its own target; None when the path
-    climbs above the tree or passes more than MAX_LINK_HOPS links (a loop)."""
-    at = rel.split("/")[:-1]
-    pending = [p for p in target.split("/") if p not in ("", ".")]
+    climbs above the tree, passes more than MAX_LINK_HOPS links (a loop), or the tree's budget of steps is
+    spent. The trie follows the path, so each step costs the same however deep the path is."""
+    at: list[str] = []
+    nodes: list[dict[str, Any] | None] = [trie]
+    for part in rel.split("/")[:-1]:
+        at.append(part)
+        nodes.append(nodes[-1].get(part) if nodes[-1] is not None else None)
+    pending = deque(p for p in target.split("/") if p not in ("", "."))
     hops = 0
     while pending:
-        part = pending.pop(0)
+        budget[0] -= 1
+        if budget[0] <= 0:
+            return None
+        part = pending.popleft()
         if part == "..":
             if not at:
                 return None
             at.pop()
+            nodes.pop()
             continue
-        at.append(part)
-        here = "/".join(at)
-        if here in links:
+        parent = nodes[-1]
+        node = parent.get(part) if parent is not None else None
+        if node is not None and _LINK in node:
             hops += 1
             if hops > MAX_LINK_HOPS:
                 return None
-            at.pop()
-            pending = [p for p in links[here].split("/") if p not in ("", ".")] + pending
-            if links[here].startswith("/"):
+            substitute = node[_LINK]
+            if substitute.startswith("/"):
                 return None
+            pending.extendleft(reversed([p for p in substitute.split("/") if p not in ("", ".")]))
+            continue
+        at.append(part)
+        nodes.append(node)
     return at
 
 
@@ -164,11 +206,6 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
         if source is not None:
             staging.record["source"] = source
     return name, True
-
-
-def _ancestors(folder: str) -> list[str]:
-    parts = folder.split("/") if folder else []
-    return ["/".join(parts[:i]) for i in range(len(parts) + 1)]
 
 
 def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:
