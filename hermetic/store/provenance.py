@@ -33,6 +33,7 @@ ENV_SIGNING = "HERMETIC_SIGNING_KEY"      # a secret key file: action entries a 
 ARCHIVE_DOMAIN = b"hermetic-archive-manifest-v1\n"
 REMOTE_DOMAIN = b"hermetic-remote-action-entry-v1\n"
 _NAME = re.compile(r"^[A-Za-z0-9._+-]{1,80}$")
+MAX_SIGNATURES = 16
 KEY_HINT = "make a key pair with `hermetic key generate PATH` (PATH is the secret key, PATH.pub the public one)"
 
 
@@ -161,6 +162,8 @@ def signatures_of(manifest: Mapping[str, Any]) -> list[dict[str, str]]:
     if not (isinstance(sigs, list) and all(isinstance(s, dict) and isinstance(s.get("key"), str)
                                            and isinstance(s.get("sig"), str) for s in sigs)):
         raise ValueError("its signatures are not a list of {key, sig}")
+    if len(sigs) > MAX_SIGNATURES:  # each one a trusted key's name costs a verification
+        raise ValueError(f"it carries {len(sigs)} signatures, more than {MAX_SIGNATURES}")
     return sigs
 
 
