@@ -3,11 +3,15 @@
 Children get HOME, TMPDIR, XDG_*_HOME and the tools' cache variables pointed inside the root; this audit
 checks that promise where a child could still leak: the real HOME's cache and config folders (``.cache``,
 ``.nv``, ``.triton``, ``.config``, ``.local``, ``.torch``, ``.pip``), new top-level entries of HOME, the
-temp folders (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``$TMPDIR``) and the current folder. It snapshots each
-place before the work (``start``) and compares after it (``finish``).
+temp folders (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``$TMPDIR``), the lock folder (where only lock files may
+appear: anything else there is a leak) and the current folder. It snapshots each place before the work
+(``start``) and compares after it (``finish``).
 
-The walk is bounded (a depth per place, an entry budget per place; a place that exceeds it is reported as
-truncated), follows no symlink and skips the root, its contents and its ancestors. It reports what it sees
+The walk goes to any depth (a change five folders below /tmp is found), but for HOME's top (one level) and
+the current folder (two), listed under ``shallow``; it has an entry budget per place, follows no
+symlink and skips the root, its contents and its ancestors. What it could not check (a place past its budget,
+a folder it cannot list, a lock folder not watched from the start) is listed under ``unchecked``, and then
+``clean`` is ``"unknown"``, never true. It reports what it sees
 (``created``, ``changed``, ``removed``: on a shared machine other processes' files in /tmp too) and judges
 each of those files (``files``: ``ours`` yes, no or unknown, with the reason), from what hermetic knows of its
 own children (``finish(children=...)``: when each ran, and whether in the sandbox) and what the file says of
@@ -21,8 +25,8 @@ itself. hermetic itself writes nothing outside the root and the lock folder (eve
   where another writer was seen during the same work;
 * ours: the rest: changed by this user while an unsandboxed child of hermetic ran, no other writer seen there.
 
-``clean`` counts only ours. A change deeper than a place's depth shows as a ``changed`` folder at the depth
-limit (its mtime moved), not as the file itself.
+``clean``: false when a file is ours; else ``"unknown"`` when something was unchecked; else true. In a shallow
+place a change deeper than its depth shows as a ``changed`` folder at the depth limit (its mtime moved).
 """
 
 from __future__ import annotations
@@ -34,15 +38,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-AUDIT_VERSION = 2
+AUDIT_VERSION = 3   # 3: every place but HOME's top and the current folder walked whole; clean may be "unknown"
 HOME_DIRS = (".cache", ".nv", ".triton", ".config", ".local", ".torch", ".pip")
 TEMP_DIRS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
-HOME_DEPTH = 1          # new top-level entries of HOME
-HOME_DIR_DEPTH = 4      # ~/.cache/pip/http-v2/a/...: deep enough for the tools' own layouts
-TEMP_DEPTH = 2          # /tmp/<new>, /tmp/<existing>/<new>
-CWD_DEPTH = 2
-EXTRA_DEPTH = 3
-MAX_ENTRIES = 20_000    # per place: a huge cache is reported as truncated, not walked for seconds
+HOME_DEPTH = 1          # HOME itself is watched at its top only: new entries there (its caches are places of
+                        # their own, walked whole); the record lists it under "shallow"
+CWD_DEPTH = 2           # the current folder (a checkout, often large) to two levels, listed under "shallow" too:
+                        # children never run in it (their folder is in the root), so only an absolute path leaks
+ALL = None              # every other place is walked to any depth: a change five folders down is found
+MAX_ENTRIES = 50_000    # per place: past it the place is "unchecked" and the audit's clean is "unknown"
 MAX_LISTED = 200        # paths listed per kind in the result; the counts are always complete
 SLACK_S = 0.05          # file times come from a coarse clock: a change this close to a child's span is in it
 
@@ -52,9 +56,11 @@ _Snapshot = dict[str, tuple[int, int, int, int, bool]]  # relpath -> (mode, size
 
 
 class _Place:
-    def __init__(self, path: Path, depth: int, skip: frozenset[str] = frozenset()) -> None:
-        self.path, self.depth, self.skip = path, depth, skip
+    def __init__(self, path: Path, depth: int | None, skip: frozenset[str] = frozenset(), *,
+                 locks: bool = False) -> None:
+        self.path, self.depth, self.skip, self.locks = path, depth, skip, locks
         self.truncated = False
+        self.unreadable: list[str] = []   # folders it could not list: what is in them was not checked
         self.seen = 0
 
 
@@ -62,30 +68,40 @@ class OutsideRootAudit:
     """Snapshot the places a child could leak to before the work; report what appeared after it.
 
     ``home`` defaults to the caller's HOME; ``temp_dirs`` to /tmp, /var/tmp, /dev/shm and $TMPDIR;
-    ``cwd`` to the current folder; ``extra`` adds places (walked 3 levels deep).
+    ``cwd`` to the current folder; ``extra`` adds places; ``lock_folders`` (default: the machine's lock folder,
+    ``root.lock_dir``) are watched too, where only lock files (``*.lock``) may appear.
     """
 
     def __init__(self, root_path: Path, *, home: Path | None = None, extra: Sequence[Path] = (),
-                 temp_dirs: Sequence[Path] | None = None, cwd: Path | None = None) -> None:
+                 temp_dirs: Sequence[Path] | None = None, cwd: Path | None = None,
+                 lock_folders: Sequence[Path] | None = None) -> None:
         self.root = Path(os.path.realpath(root_path))
         self._root_text = str(self.root)
         home = Path(home) if home is not None else Path(os.environ.get("HOME") or os.path.expanduser("~"))
         if temp_dirs is None:
             tmpdir = os.environ.get("TMPDIR")
             temp_dirs = [*TEMP_DIRS, *([Path(tmpdir)] if tmpdir else [])]
-        wanted: list[tuple[Path, int, frozenset[str]]] = [(home, HOME_DEPTH, frozenset(HOME_DIRS))]
-        wanted += [(home / d, HOME_DIR_DEPTH, frozenset()) for d in HOME_DIRS]
-        wanted += [(Path(t), TEMP_DEPTH, frozenset()) for t in temp_dirs]
+        if lock_folders is None:
+            from hermetic.root import lock_dir
+            lock_folders = [lock_dir(None)]
+        self.lock_folders = [os.path.realpath(p) for p in lock_folders]
+        wanted: list[tuple[Path, int | None, frozenset[str]]] = [(home, HOME_DEPTH, frozenset(HOME_DIRS))]
+        wanted += [(home / d, ALL, frozenset()) for d in HOME_DIRS]
+        wanted += [(Path(t), ALL, frozenset()) for t in temp_dirs]
         wanted.append((Path(cwd) if cwd is not None else Path.cwd(), CWD_DEPTH, frozenset()))
-        wanted += [(Path(p), EXTRA_DEPTH, frozenset()) for p in extra]
+        wanted += [(Path(p), ALL, frozenset()) for p in [*extra, *lock_folders]]
         self.places: list[_Place] = []
         seen: set[str] = set()
         for path, depth, skip in wanted:
             real = os.path.realpath(path)
-            if real in seen or self._inside_root(real):
+            if self._inside_root(real):
+                continue
+            if real in self.lock_folders:  # a lock folder that is another place too is watched as a lock folder
+                self.places = [p for p in self.places if str(p.path) != real]
+            elif real in seen:
                 continue
             seen.add(real)
-            self.places.append(_Place(Path(real), depth, skip))
+            self.places.append(_Place(Path(real), depth, skip, locks=real in self.lock_folders))
         self._before: list[_Snapshot] | None = None
         self._seconds = 0.0
         self.started = 0.0
@@ -114,14 +130,17 @@ class OutsideRootAudit:
             try:
                 with os.scandir(folder) as it:
                     children = list(it)
-            except OSError:
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                place.unreadable.append(f"{folder} ({e.strerror or e})")
                 continue
             for child in children:
                 if depth == 1 and child.name in place.skip:
                     continue
                 full = child.path
-                if self._inside_root(full):
-                    continue
+                if self._inside_root(full) or (full in self.lock_folders and not place.locks):
+                    continue  # the root is not outside; a lock folder is a place of its own
                 if place.seen >= MAX_ENTRIES:
                     place.truncated = True
                     return snap
@@ -132,7 +151,7 @@ class OutsideRootAudit:
                 place.seen += 1
                 rel = f"{rel_folder}/{child.name}" if rel_folder else child.name
                 is_dir = stat.S_ISDIR(cst.st_mode)
-                at_limit = is_dir and depth >= place.depth
+                at_limit = is_dir and place.depth is not None and depth >= place.depth
                 snap[rel] = (cst.st_mode, cst.st_size if not is_dir else 0, cst.st_mtime_ns, cst.st_ino, at_limit)
                 if is_dir and not at_limit:
                     stack.append((full, rel, depth + 1))
@@ -149,13 +168,19 @@ class OutsideRootAudit:
         """What appeared, changed or went away outside the root since ``start``, each judged ours or not: a
         JSON-ready record. ``children``: every child hermetic ran meanwhile (``procs.SPANS``); None when the
         caller cannot say, which counts the whole time since ``start`` as one unsandboxed child's. ``exclude``:
-        places hermetic writes on purpose (the lock folder), left out."""
+        the lock folders (the same as ``lock_folders`` at the start): there, only lock files are left out; a
+        lock folder not watched since ``start`` is listed as unchecked."""
         if self._before is None:
             raise RuntimeError("OutsideRootAudit.finish() called before start()")
         t = time.monotonic()
         if children is None:
             children = [(self.started, time.time(), "the work audited", False)]
-        excluded = [os.path.realpath(p) for p in exclude]
+        named = [os.path.realpath(p) for p in exclude if os.path.realpath(p) not in self.lock_folders]
+        # a lock folder named only now was walked all the same where it lies inside a place walked whole
+        covered = [f for f in named if any(p.depth is ALL and (f == str(p.path) or f.startswith(str(p.path) + os.sep))
+                                           for p in self.places)]
+        late = [f for f in named if f not in covered]
+        locks = [*self.lock_folders, *covered]
         created: set[str] = set()
         changed: set[str] = set()
         removed: set[str] = set()
@@ -177,10 +202,13 @@ class OutsideRootAudit:
         # a new folder's contents are new too: list the top of each new subtree only
         created = {p for p in created if os.path.dirname(p) not in created}
         created = {p for p in created if not self._on_the_way(p)}
-        if excluded:
-            def kept(paths: set[str]) -> set[str]:
-                return {p for p in paths if not any(p == e or p.startswith(e + os.sep) for e in excluded)}
-            created, changed, removed = kept(created), kept(changed), kept(removed)
+        # in a lock folder, lock files come and go on purpose (hermetic's and other users'); anything else is not
+        created, changed, removed = (
+            {p for p in paths if not _a_lock_file(p, locks)} for paths in (created, changed, removed))
+        unchecked = [f"{p.path}: more than {MAX_ENTRIES} entries, past the audit's budget" for p in self.places
+                     if p.truncated]
+        unchecked += [f"{u}: cannot be listed" for u in dict.fromkeys(u for p in self.places for u in p.unreadable)]
+        unchecked += [f"{p}: the lock folder, not watched since the work began" for p in late]
         files = _judge(self.places, [(p, "created") for p in created] + [(p, "changed") for p in changed]
                        + [(p, "removed") for p in removed], children)
         by = {v: [f for f in files if f["ours"] == v] for v in ("yes", "unknown", "no")}
@@ -188,7 +216,8 @@ class OutsideRootAudit:
         return {
             "version": AUDIT_VERSION,
             "watched": [str(p.path) for p in self.places],
-            "excluded": [str(p) for p in exclude],
+            "excluded": [f"{p}/*.lock" for p in locks],
+            "shallow": [str(p.path) for p in self.places if p.depth is not None],
             "created": _listed(created),
             "changed": _listed(changed),
             "removed": _listed(removed),
@@ -198,10 +227,23 @@ class OutsideRootAudit:
                        "entries_walked": sum(p.seen for p in self.places)},
             "children": {"ran": len(children), "sandboxed": sum(1 for c in children if c[3])},
             "truncated": [str(p.path) for p in self.places if p.truncated],
-            "clean": not by["yes"],
-            "complete": not any(p.truncated for p in self.places),
+            "unchecked": unchecked,
+            # a leak found is unclean; a place not fully checked leaves it unknown, never clean
+            "clean": False if by["yes"] else "unknown" if unchecked else True,
+            "complete": not unchecked,
             "seconds": round(self._seconds, 4),
         }
+
+
+def _a_lock_file(path: str, lock_folders: Sequence[str]) -> bool:
+    """A lock file in a lock folder: ``*.lock`` right inside it, a regular file (or gone again)."""
+    folder, name = os.path.split(path)
+    if folder not in lock_folders or not name.endswith(".lock"):
+        return False
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return True
 
 
 def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequence[Child]) -> list[dict[str, str]]:

@@ -27,10 +27,12 @@ CHUNK = 1 << 20
 Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
+def sha256_file(path: Path | str, *, follow: bool = True) -> tuple[str, int]:
+    """(sha256, size) of a file's bytes; ``follow=False``: never through a symlink (ELOOP)."""
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as f:
+    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    with open(os.open(path, flags), "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -76,11 +78,6 @@ def copy_hashed(stream: IO[bytes], path: Path | str, *, limit: int | None = None
                 fresh: bool = True) -> tuple[str, int]:
     """A stream into a file, hashed on the way (``write_hashed``)."""
     return write_hashed(chunks_of(stream), path, limit=limit, fresh=fresh)
-
-
-def copy_file(src: Path | str, dst: Path | str) -> None:
-    """Bytes, permission bits and mtime (what ninja and the executable bit care about)."""
-    shutil.copy2(src, dst)
 
 
 def new_temp_file(directory: Path, prefix: str, suffix: str = "") -> Path:
@@ -212,32 +209,46 @@ def _kind(mode: int) -> str:
 
 
 def make_tree_readonly(top: Path) -> None:
-    """Drop write bits on every file and folder below ``top`` (symlinks are left alone)."""
-    for dirpath, _dirnames, filenames in os.walk(top, topdown=False):
-        for name in filenames:
-            p = os.path.join(dirpath, name)
-            st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode) and st.st_mode & 0o222:
-                os.chmod(p, stat.S_IMODE(st.st_mode) & ~0o222)
-        os.chmod(dirpath, 0o555)
+    """Drop write bits on every file and folder below ``top``, through the folders' descriptors: a symlink
+    is never followed (nor chmodded), so a link in the tree cannot make this change a file outside it."""
+    top_fd = open_dir(top)
+    try:
+        for _dirpath, _dirnames, filenames, dir_fd in os.fwalk(dir_fd=top_fd, topdown=False):
+            for name in filenames:
+                st = os.lstat(name, dir_fd=dir_fd)
+                if stat.S_ISREG(st.st_mode) and st.st_mode & 0o222:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                    try:
+                        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o222)
+                    finally:
+                        os.close(fd)
+            os.fchmod(dir_fd, 0o555)
+    finally:
+        os.close(top_fd)
 
 
 def remove_tree(top: Path) -> int:
-    """Delete a (possibly read-only) tree; returns the bytes of regular files whose last link went."""
+    """Delete a (possibly read-only) tree; returns the bytes of regular files whose last link went. Folders
+    are opened without following links (``os.fwalk``, ``shutil.rmtree``'s descriptor walk): a symlink in the
+    tree is removed, never followed."""
     freed = 0
     try:
         st = os.lstat(top)
     except FileNotFoundError:
         return 0
-    if not stat.S_ISDIR(st.st_mode):  # a file, a link, a FIFO: never opened, never followed
+    if not stat.S_ISDIR(st.st_mode):
         os.unlink(top)
         return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
-    for dirpath, _dirnames, filenames in os.walk(top):
-        os.chmod(dirpath, 0o755)
-        for name in filenames:
-            st = os.lstat(os.path.join(dirpath, name))
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                freed += st.st_size
+    top_fd = open_dir(top)
+    try:
+        for _dirpath, _dirnames, filenames, dir_fd in os.fwalk(dir_fd=top_fd):
+            os.fchmod(dir_fd, 0o755)
+            for name in filenames:
+                st = os.lstat(name, dir_fd=dir_fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    freed += st.st_size
+    finally:
+        os.close(top_fd)
     shutil.rmtree(top)
     return freed
 
@@ -267,37 +278,136 @@ def resolve(path: Path) -> Path:
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), str(path)) from None
 
 
-def link_or_copy(src: str | Path, dst: str | Path) -> bool:
-    """Hard-link ``src`` to ``dst``; copy (keeping mtime) across file systems or past the link limit.
+def link_or_copy(src: str | Path, dst: str | Path, *, dst_dir_fd: int | None = None) -> bool:
+    """Hard-link ``src`` to ``dst`` (a name in the folder ``dst_dir_fd`` when given); copy (keeping mtime)
+    across file systems or past the link limit. Never through a link at ``dst``: an existing name is an error.
 
     Returns True when a link was made. A copy keeps the blob's mtime so that identical bytes still
     look identical to ninja.
     """
     try:
-        os.link(src, dst)
+        os.link(src, dst, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
         return True
     except OSError as e:
         if e.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
             raise
-    shutil.copy2(src, dst)
+    copy_file(src, dst, dst_dir_fd=dst_dir_fd)
     return False
 
 
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_dir(path: str | Path, *, dir_fd: int | None = None) -> int:
+    """A descriptor of the folder ``path`` (relative to ``dir_fd`` when given); ELOOP or ENOTDIR when its last
+    component is a symlink or no folder: what is opened this way is the folder itself, never a link's target."""
+    return os.open(path, _DIR, dir_fd=dir_fd)
+
+
+def copy_file(src: str | Path, dst: str | Path, *, dst_dir_fd: int | None = None) -> None:
+    """Bytes, permission bits and mtime (what ninja and the executable bit care about) into a new file ``dst``;
+    neither ``src`` nor ``dst`` is read or written through a symlink (ELOOP), and ``dst`` must not exist."""
+    fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fin)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fsdecode(src))
+        fout = os.open(dst, _NEW_FILE, 0o600, dir_fd=dst_dir_fd)
+        try:
+            while chunk := os.read(fin, CHUNK):
+                os.write(fout, chunk)
+            os.fchmod(fout, stat.S_IMODE(st.st_mode))
+            os.utime(fout, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fout)
+    finally:
+        os.close(fin)
+
+
+class TreeWriter:
+    """Lays out a tree below a fresh folder through folder descriptors, for paths given in sorted order.
+
+    Every folder is made here (``mkdir`` in its parent's descriptor) and opened with ``O_NOFOLLOW``, files are
+    linked and symlinks made by name in their folder's descriptor, and a folder's write bits are dropped
+    (``fchmod``) once its last entry is in: nothing is ever written, made or chmodded through a symlink, even one
+    the tree itself holds. Sorted paths keep each folder's entries together, so one open folder per level
+    suffices."""
+
+    def __init__(self, top: Path, *, seal: bool = True) -> None:
+        self.seal = seal
+        self._open: list[tuple[str, int]] = [("", open_dir(top))]
+
+    def _folder(self, folder: str) -> int:
+        while len(self._open) > 1 and not (folder == self._open[-1][0] or
+                                           folder.startswith(self._open[-1][0] + "/")):
+            self._close_last()
+        have = self._open[-1][0]
+        rest = folder[len(have):].lstrip("/") if have else folder
+        for part in rest.split("/") if rest else ():
+            parent = self._open[-1][1]
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=parent)
+            name = f"{self._open[-1][0]}/{part}" if self._open[-1][0] else part
+            self._open.append((name, open_dir(part, dir_fd=parent)))
+        return self._open[-1][1]
+
+    def link(self, rel: str, src: str) -> bool:
+        """A hard link (or a copy) of ``src``, a store file, at ``rel``; whether a link was made."""
+        folder, _, name = rel.rpartition("/")
+        return link_or_copy(src, name, dst_dir_fd=self._folder(folder))
+
+    def symlink(self, rel: str, target: str) -> None:
+        folder, _, name = rel.rpartition("/")
+        os.symlink(target, name, dir_fd=self._folder(folder))
+
+    def _close_last(self) -> None:
+        _name, fd = self._open.pop()
+        try:
+            if self.seal:
+                os.fchmod(fd, 0o555)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Drop the write bits of every folder still open, the top's last."""
+        while self._open:
+            self._close_last()
+
+    def abandon(self) -> None:
+        for _name, fd in self._open:
+            os.close(fd)
+        self._open.clear()
+
+    def __enter__(self) -> TreeWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
+
+
 def atomic_symlink(target: str, link: Path) -> bool:
-    """Point ``link`` at ``target`` by renaming a fresh symlink over it; False when it already pointed there."""
-    if link.is_symlink() and os.readlink(link) == target:
-        return False
+    """Point ``link`` at ``target`` by renaming a fresh symlink over it; False when it already pointed there. The
+    link is made and renamed by name in its folder's descriptor, a folder that is no symlink (ELOOP)."""
     link.parent.mkdir(parents=True, exist_ok=True)
-    tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-    if tmp.is_symlink():
-        tmp.unlink()
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-    if durable_default():
-        fsync_dir(link.parent)
+    dir_fd = open_dir(link.parent)
+    try:
+        with contextlib.suppress(OSError):
+            if os.readlink(link.name, dir_fd=dir_fd) == target:
+                return False
+        tmp = f".{link.name}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        os.symlink(target, tmp, dir_fd=dir_fd)
+        os.replace(tmp, link.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if durable_default():
+            os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return True
-
-
 
 
 class FileLock:

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic import fs
-from hermetic.errors import BadInput, path_error
+from hermetic.errors import BadInput, WorkFailed, path_error
 
 ROOT_MARKER = "HERMETIC_ROOT"
+ROOT_FORMAT = 1   # the root's layout (docs/layout.md); the store inside it has its own (store/FORMAT)
+LAYOUT = frozenset({"store", "profiles", "roots", "receipts", "state", "tmp", "home", "build", "imports"})
+MARKER_TEXT = (f"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n"
+               f"format: hermetic-root {ROOT_FORMAT}\n").encode()
 DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
 
 
@@ -154,14 +158,81 @@ class Root:
         finds it gone (and starts a new one) rather than half removed; False when there was none."""
         return fs.remove_aside(self.pycache)
 
+    def marker_format(self) -> int | None:
+        """The format its marker names (0: a marker of an earlier hermetic, which names none); None when the
+        folder has no marker (a regular file named HERMETIC_ROOT): then it is no scratch root."""
+        marker = self.path / ROOT_MARKER
+        try:
+            if not stat.S_ISREG(os.lstat(marker).st_mode):
+                return None
+            text = marker.read_bytes()[:4096].decode(errors="replace")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        for line in text.splitlines():
+            word, _, number = line.partition("format: hermetic-root ")
+            if not word and number.strip().isdigit():
+                return int(number.strip())
+        return 0
+
     def ensure(self) -> None:
+        """Make the root ready for writing. Only a missing or empty folder becomes a root (its marker written
+        first, so that a second process making it at once sees a root), or one that holds nothing but a root's
+        own folders, its store's FORMAT among them (a root copied without its marker); a folder with other files
+        and no marker is refused: a mistyped --root must never become a root that `gc --all` removes with the
+        user's files. An earlier hermetic's marker is upgraded to name the format."""
         if self.read_only:
             raise RuntimeError(f"a read-only view of {self.path} cannot be made ready for writing")
-        for d in (self.path, self.profiles, self.roots, self.receipts, self.state, self.tmp):
+        found = self.marker_format()
+        if found is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            others = sorted(n for n in os.listdir(self.path)
+                            if not (n.startswith(f".{ROOT_MARKER}.") and n.endswith(".tmp")))
+            found = self.marker_format() if others else None  # another process making it just now wrote it first
+            if others and found is None and self._layout_only(others):
+                found = 0   # a root whose marker was lost (copied without it): its own folders and nothing else
+            if others and found is None:
+                raise BadInput(
+                    f"{self.path} holds files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) and is "
+                    f"not a hermetic scratch root (no {ROOT_MARKER} file): hermetic makes a root only in a missing or "
+                    "empty folder", where=str(self.path),
+                    hint=f"the scratch root comes from {self.named_by}: choose a new folder with --root or "
+                         f"HERMETIC_ROOT (if this folder really is a root whose marker was lost, create an empty "
+                         f"{ROOT_MARKER} file in it)")
+        if found is not None and found > ROOT_FORMAT:
+            raise WorkFailed(f"the scratch root {self.path} has format {found}; this hermetic reads format "
+                             f"{ROOT_FORMAT}", where=str(self.path / ROOT_MARKER),
+                             hint="use a matching hermetic, or another --root")
+        if found != ROOT_FORMAT:
+            fs.atomic_write(self.path / ROOT_MARKER, MARKER_TEXT)
+        for d in (self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
-        marker = self.path / ROOT_MARKER
-        if not marker.exists():
-            fs.atomic_write(marker, b"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n")
+
+    def _layout_only(self, names: list[str]) -> bool:
+        """Whether a folder without a marker holds only a root's own folders, its store's format among them: a
+        root copied without its marker, never a mistyped path of someone's files."""
+        try:
+            fmt = fs.read_regular(self.path / "store" / "FORMAT", 256)
+        except (OSError, ValueError):
+            return False
+        return fmt.startswith(b"hermetic-store ") and set(names) <= LAYOUT
+
+    def refuse_removal(self) -> None:
+        """Why ``gc --all`` must not remove this folder, raised: it is no marked scratch root, or it is /, the
+        user's home or a folder holding it, the current folder or one holding it, or a repository checkout."""
+        real = Path(os.path.realpath(self.path))
+        home = Path(os.path.realpath(os.path.expanduser("~")))
+        here = Path(os.path.realpath(os.getcwd()))
+        hint = f"the scratch root comes from {self.named_by}: check --root and HERMETIC_ROOT"
+        for what, bad in (("the file system's top", real == Path("/")),
+                          ("your home folder, or holds it", home == real or home.is_relative_to(real)),
+                          ("the current folder, or holds it", here == real or here.is_relative_to(real)),
+                          ("a repository checkout (it holds .git)", os.path.lexists(real / ".git"))):
+            if bad:
+                raise BadInput(f"hermetic gc --all will not remove {self.path}: it is {what}", where=str(self.path),
+                               hint=hint)
+        if self.marker_format() is None:
+            raise BadInput(f"hermetic gc --all will not remove {self.path}: it is not a hermetic scratch root (no "
+                           f"{ROOT_MARKER} file)", where=str(self.path), hint=hint)
 
     @property
     def no_cuda(self) -> Path:

@@ -1,4 +1,4 @@
-"""The sandbox: hermetic's children run where only the scratch root and the lock folder are writable.
+"""The sandbox: hermetic's children run where only the scratch root is writable.
 
 Where bubblewrap works (asked once per bwrap binary, kernel, user and root, the answer cached in the root's
 ``state/sandbox-v1``), every child a realize, a run or ``verify`` starts goes through it (``procs.confined``):
@@ -6,12 +6,16 @@ the probes of the interpreter and torch, ``patch``, ninja and every compiler und
 check, ``verify --rebuild-sample``'s compiles and the measuring process of ``hermetic run``::
 
     bwrap --die-with-parent --ro-bind / / --dev /dev --proc /proc
-          --bind ROOT ROOT --bind-try LOCKS LOCKS [--dev-bind-try /dev/nvidia... (GPU_DEVICES)] -- COMMAND
+          --bind ROOT ROOT [--dev-bind-try /dev/nvidia... (GPU_DEVICES)] -- COMMAND
 
 The whole system is visible, read-only; ``/dev`` is the sandbox's own (null, zero, random, urandom, tty, a
 private ``/dev/shm``) plus the GPU's nodes where the machine has them; ``/proc`` is a fresh one. A write
 anywhere else fails at once with EROFS ("Read-only file system"), which ``procs`` recognizes in the child's
-output and turns into an error naming the path. No namespace but the mount namespace is new: the children
+output and turns into an error naming the path. The lock folder is shared by every user of the machine and may
+be any folder (HERMETIC_LOCK_DIR, a runner's ``gpu.lock_dir``: the home folder, even): it stays read-only
+inside. hermetic itself, outside the sandbox, takes and writes the lock files it holds; no child needs one
+writable, so none is bound (binding the held ones would only let a child scribble in them), and the audit
+watches the folder (anything there but lock files is a leak). No namespace but the mount namespace is new: the children
 keep hermetic's pids, session (the reaper and the memory guard find them as before), network and user. It
 is a guard against a tool writing where it should not (a cache in the real HOME, a temporary file in /tmp),
 not a security boundary: a child running as root could remount.
@@ -181,7 +185,9 @@ def gpu_devices() -> tuple[str, ...]:
 
 
 def _writable(root: Root, lock_folder: Path) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in (root.path, lock_folder)))
+    """The root alone: the lock folder (any folder a setting names) is never bound writable."""
+    del lock_folder
+    return (os.path.realpath(root.path),)
 
 
 def bwrap_path() -> tuple[str | None, str]:

@@ -293,10 +293,14 @@ def test_toolchain_mismatch_exits_3_before_compiling(tmp_path: Path, shared_root
 def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path, Path], tmp_path: Path) -> None:
     root, _ = p2p_root
     archive = tmp_path / "p2p.tar.zst"
-    assert _hermetic(root, "export", str(archive), "--name", "p2p", "--level", "1").returncode == 0
+    # signed, and the key trusted where it is imported: the objects and the module come too (issue 34)
+    key = tmp_path / "keys" / "builder"
+    assert _hermetic(root, "key", "generate", str(key)).returncode == 0
+    trusted = {"HERMETIC_TRUSTED_KEYS": f"{key}.pub"}
+    assert _hermetic(root, "export", str(archive), "--name", "p2p", "--level", "1", "--sign", str(key)).rc == 0
     other = tmp_path / "other"
-    p = _hermetic(other, "import", str(archive))
-    assert p.returncode == 0, p.stderr
+    p = _hermetic(other, "import", str(archive), env=trusted)
+    assert p.returncode == 0 and "vouched for by key builder" in p.stderr, p.stderr
     assert _hermetic(other, "verify").returncode == 0
     # the imported objects and module are indexed: the recipe realized in the new root (another path, no
     # package index) fetches nothing and compiles nothing
@@ -315,6 +319,6 @@ def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path
     foreign = tmp_path / "foreign.tar.zst"
     assert _hermetic(other, "export", str(foreign), "--name", "p2p", "--level", "1").returncode == 0
     third = tmp_path / "third"
-    p = _hermetic(third, "import", str(foreign))
+    p = _hermetic(third, "import", str(foreign), "--trust-unsigned")  # taken: then its host is checked
     assert p.returncode == 3 and "torch=0.0.1" in p.stderr and "Traceback" not in p.stderr
     assert not (third / "store" / "entries").exists() or not any((third / "store" / "entries").iterdir())

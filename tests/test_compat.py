@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hermetic.root import Root
 from tests.support import cli
 from tests.support.cli import REPO, hermetic_env
 from tests.support.index import LoopbackIndex
@@ -84,7 +85,9 @@ def hermetic(code: Path | None, root: Path, home: Path, *args: str | Path,
 
 
 def seed_wheels(shared_root: Path, root: Path) -> None:
-    """The toolchain's wheel files from the session's shared root (so nothing is downloaded again)."""
+    """The toolchain's wheel files from the session's shared root (so nothing is downloaded again), in a root
+    made as hermetic makes one (its marker first: a folder of files without it is no root, issue 34)."""
+    Root(root).ensure()
     store = shared_root / "store"
     for meta_path in (store / "entries").glob("*/meta.json"):
         meta = json.loads(meta_path.read_text())

@@ -119,9 +119,10 @@ def test_under_the_sandbox_no_file_outside_is_ours(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
-    assert result["clean"] is True and result["counts"]["not_ours"] == len(result["files"]) == 5
+    assert result["clean"] is True and result["counts"]["not_ours"] == len(result["files"]) == 6
     assert all("every child of hermetic ran in the sandbox" in f["reason"] for f in result["files"])
-    assert result["removed"] == [] and result["excluded"] == [str(tmp / "old")]  # the excluded place is left out
+    # a lock folder is watched: only lock files are left out there (gone.txt is none)
+    assert result["removed"] == [str(tmp / "old" / "gone.txt")] and f"{tmp / 'old'}/*.lock" in result["excluded"]
     assert result["children"] == {"ran": 1, "sandboxed": 1}
 
 

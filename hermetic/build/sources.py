@@ -13,6 +13,7 @@ import gzip
 import os
 import re
 import shutil
+import stat
 import tarfile
 import zipfile
 import zlib
@@ -274,10 +275,97 @@ def _write_member(fin: IO[bytes], dst: Path, declared: int, src: Source) -> None
 
 
 _PATCH_PATH = re.compile(r"^(?:---|\+\+\+) (\S+)")
+_GIT_DIFF = re.compile(r"^diff --git (.*)$")
+_MODE_HEADERS = ("old mode", "new mode", "new file mode", "deleted file mode")
+_INDEX_LINE = re.compile(r"^index [0-9a-f]{4,64}\.\.[0-9a-f]{4,64}(?: (\d+))?$")
+_REFUSED_HEADERS = {"rename from ": "renames a file", "rename to ": "renames a file", "copy from ": "copies a file",
+                    "copy to ": "copies a file", "similarity index ": "renames or copies a file",
+                    "GIT binary patch": "is a binary patch", "Binary files ": "is a binary patch"}
+REGULAR_MODES = ("100644", "100755")   # what a patch may give a file: a regular file, executable or not
+_MODE_NAMES = {"120000": "a symlink", "160000": "a submodule (gitlink)", "040000": "a folder"}
+PATCH_HINT = ("a patch may create, change and delete regular files inside the source tree and set or clear their "
+              "executable bit; write the symlink, rename, copy or binary file into the source instead")
+
+
+def check_patch(text: str, patch: Path) -> None:
+    """Refuse a patch, before ``patch`` runs, that does more than create, change and delete regular files in the
+    tree and set their executable bit: paths outside the tree, symlinks and other modes, renames and copies,
+    binary patches (git's extended headers, which GNU patch applies). A line at column 0 is a header line in
+    any unified diff (hunk lines start with a space, +, - or \\), so every such line is judged, wherever it is."""
+    def refuse(lineno: int, why: str) -> BadInput:
+        return BadInput(f"the patch {why}", where=f"{patch}:{lineno}", hint=PATCH_HINT)
+
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if m := _PATCH_PATH.match(line):
+            if m.group(1) != "/dev/null":
+                _check_patch_path(m.group(1), patch, lineno)
+        elif m := _GIT_DIFF.match(line):
+            _check_git_paths(m.group(1), patch, lineno)
+        elif line.startswith(_MODE_HEADERS):  # exactly as git writes it: GNU patch reads any octal number here
+            head, _, mode = line.rstrip().rpartition(" ")
+            if head not in _MODE_HEADERS or mode not in REGULAR_MODES:
+                raise refuse(lineno, f"makes {_mode_name(mode)} ({line.strip()[:80]!r})")
+        elif line.startswith("index "):
+            m = _INDEX_LINE.match(line.rstrip())
+            if m is None:
+                raise refuse(lineno, f"has an index line that is not git's ({line.strip()[:80]!r})")
+            if m.group(1) is not None and m.group(1) not in REGULAR_MODES:
+                raise refuse(lineno, f"makes {_mode_name(m.group(1))} ({line.strip()[:80]!r})")
+        else:
+            for head, why in _REFUSED_HEADERS.items():
+                if line.startswith(head):
+                    raise refuse(lineno, f"{why} ({line.strip()[:80]!r})")
+
+
+def _mode_name(mode: str) -> str:
+    return _MODE_NAMES.get(mode.zfill(6), f"a file of mode {mode}")
+
+
+def _check_patch_path(path: str, patch: Path, lineno: int) -> None:
+    parts = path.split("/", 1)
+    rel = parts[1] if len(parts) == 2 and parts[0] else ""  # an absolute path is never in the tree
+    try:
+        check_relpath(rel)
+    except ValueError:
+        raise BadInput(f"the patch touches {path!r}, outside the source tree",
+                       where=f"{patch}:{lineno}", hint="patch paths are a/<path> and b/<path> inside the "
+                                                       "source tree (applied with -p1)") from None
+
+
+def _check_git_paths(names: str, patch: Path, lineno: int) -> None:
+    """``diff --git a/P b/P``: GNU patch takes the path from here when no ---/+++ lines follow (a new empty
+    file, a mode change). The two names are the same path (renames and copies are refused), so the line splits
+    in its middle; a quoted name (git quotes unusual ones) is refused rather than unquoted by guesswork."""
+    half = (len(names) - 1) // 2
+    first, second = names[:half], names[half + 1:]
+    tokens = names.split(" ")
+    if len(tokens) == 2 and tokens[0].startswith("a/") and tokens[1].startswith("b/") and \
+            tokens[0][2:] != tokens[1][2:]:
+        raise BadInput(f"the patch renames or copies a file ({names[:120]!r})", where=f"{patch}:{lineno}",
+                       hint=PATCH_HINT)
+    if names.startswith('"') or names[half:half + 1] != " " or first[2:] != second[2:]:
+        raise BadInput(f"the patch's header names paths hermetic cannot read as one file: {names[:120]!r}",
+                       where=f"{patch}:{lineno}", hint=PATCH_HINT)
+    _check_patch_path(first, patch, lineno)
+    _check_patch_path(second, patch, lineno)
+
+
+def check_patched_tree(tree: Path, patch: Path) -> None:
+    """After ``patch`` ran: the tree holds only regular files and folders (no symlink, FIFO or device), before
+    anything in it is hashed or chmodded, so nothing is ever read or changed through a link it made."""
+    for dirpath, dirnames, files in os.walk(tree):
+        for name in [*dirnames, *files]:
+            p = os.path.join(dirpath, name)
+            mode = os.lstat(p).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                what = "a symlink" if stat.S_ISLNK(mode) else "no regular file"
+                raise BadInput(f"after the patch, {os.path.relpath(p, tree)} in the source tree is {what}",
+                               where=str(patch), hint=PATCH_HINT)
 
 
 def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float = PATCH_TIMEOUT_S) -> None:
-    """Apply a unified diff with GNU patch (-p1), after checking that it only touches files in the tree.
+    """Apply a unified diff with GNU patch (-p1), after checking that it only creates, changes and deletes
+    regular files in the tree (``check_patch``), and check the tree again after it ran (``check_patched_tree``).
 
     patch is the system's (/usr/bin, /bin: never a PATH's), run like a compiler: in a session of its own that
     dies with hermetic, and stopped past ``timeout`` (a patch applies in milliseconds; one that does not is
@@ -286,18 +374,7 @@ def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float 
         text = patch.read_text(errors="replace")
     except OSError as e:
         raise path_error(e, doing="cannot read the patch") or e from None
-    for lineno, line in enumerate(text.splitlines(), 1):
-        m = _PATCH_PATH.match(line)
-        if not m or m.group(1) == "/dev/null":
-            continue
-        parts = m.group(1).split("/", 1)
-        rel = parts[1] if len(parts) == 2 and parts[0] else ""  # an absolute path is never in the tree
-        try:
-            check_relpath(rel)
-        except ValueError:
-            raise BadInput(f"the patch touches {m.group(1)!r}, outside the source tree",
-                           where=f"{patch}:{lineno}", hint="patch paths are a/<path> and b/<path> inside the "
-                                                           "source tree (applied with -p1)") from None
+    check_patch(text, patch)
     exe = shutil.which("patch", path=SYSTEM_PATH)
     if exe is None:
         raise PreconditionFailed(f"GNU patch is not installed (looked in {SYSTEM_PATH})",
@@ -315,3 +392,4 @@ def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float 
         if rc != 0:
             raise BadInput("the patch does not apply:\n" + "\n".join(tail).strip()[-1500:],
                            where=str(patch), hint="regenerate it against the pinned source")
+    check_patched_tree(tree, patch)

@@ -68,6 +68,7 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store import gc
     if args.all:
         if args.dry_run:
+            gc.check_remove_all(root)
             reporter.event("gc", f"would remove the whole scratch root {root.path}")
             reporter.result("gc", True, 0, all=True, dry_run=True, root=str(root.path))
             return 0
@@ -251,9 +252,11 @@ def _shell_quote(v: str) -> str:
 
 def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store.archive import export_closure
-    stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level)
+    stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level,
+                           sign=args.sign)
     reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "
-                             f"{stats['bytes']} bytes -> {stats['archive_bytes']} compressed")
+                             f"{stats['bytes']} bytes -> {stats['archive_bytes']} compressed"
+                             + (f"; signed by {stats['signed_by']}" if stats["signed_by"] else ""))
     reporter.result("export", True, 0, archive=str(args.archive), **stats)
     return 0
 
@@ -262,9 +265,22 @@ def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.build.host import host_record, qualify
     from hermetic.store.archive import import_closure
     stats = import_closure(root, args.archive, reporter=reporter,
-                           host=lambda: host_record(qualify(root, None, need_torch=False)))
+                           host=lambda: host_record(qualify(root, None, need_torch=False)),
+                           trust_unsigned=args.trust_unsigned)
+    left = stats["left_out"]
+    if left:
+        why = (f"signed by {stats['signed_by']}, a key HERMETIC_TRUSTED_KEYS does not name" if stats["signed_by"]
+               else "signed by no key")
+        reporter.warn(f"{args.archive.name} is {why}: left out {len(left)} records that cannot be re-derived "
+                      f"(objects, modules, unpacked wheels, source trees: {', '.join(left[:3])}"
+                      f"{', ...' if len(left) > 3 else ''}); realize builds or fetches them. Trust its signer's "
+                      "public key (HERMETIC_TRUSTED_KEYS) or pass --trust-unsigned to take them")
+    elif stats["trust_unsigned"]:
+        reporter.warn(f"{args.archive.name}: records no trusted key vouches for were taken (--trust-unsigned, "
+                      "recorded in the import's receipt)")
     reporter.event("import", f"imported {stats['entries']} entries and {stats['blobs']} blobs "
-                             f"({stats['new_blobs']} new) from {args.archive}")
+                             f"({stats['new_blobs']} new) from {args.archive}"
+                             + (f"; vouched for by {stats['vouched_by']}" if stats["vouched_by"] else ""))
     reporter.result("import", True, 0, archive=str(args.archive), **stats)
     return 0
 
@@ -289,6 +305,16 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return out.exit_code
 
 
+def cmd_key(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """``key generate PATH``: a new key pair (the secret key at PATH, 0600; the public one at PATH.pub)."""
+    from hermetic.store.provenance import generate
+    secret, public = generate(args.path, args.name)
+    reporter.event("key", f"wrote the secret key {secret} (keep it to the signer) and the public key {public} "
+                          "(name it in HERMETIC_TRUSTED_KEYS where archives and cache entries it signs are trusted)")
+    reporter.result("key", True, 0, secret=str(secret), public=str(public))
+    return 0
+
+
 def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     """The shell completion script, generated from the parser by shtab (imported by this command alone); it
     reads and writes nothing of the root."""
@@ -302,5 +328,5 @@ def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> 
 
 COMMANDS: dict[str, Callable[[Root, argparse.Namespace, Reporter], int]] = {
     "realize": cmd_realize, "gc": cmd_gc, "verify": cmd_verify, "show": cmd_show, "env": cmd_env,
-    "export": cmd_export, "import": cmd_import, "run": cmd_run, "completion": cmd_completion,
+    "export": cmd_export, "import": cmd_import, "run": cmd_run, "completion": cmd_completion, "key": cmd_key,
 }

@@ -111,9 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=_zstd_level, default=19, metavar="N",
                    help="zstd level, 1-22 (default 19: the CUDA toolchain in 53 MB, about 2 minutes on 2 "
                         "cores; 10: 67 MB in 7 s)")
+    _completes(p.add_argument("--sign", type=Path, metavar="KEY",
+                              help="sign the archive with this secret key (`hermetic key generate`): an importer "
+                                   "that trusts its public key (HERMETIC_TRUSTED_KEYS) takes every record"), FILE)
 
     p = sub.add_parser("import", parents=[_common("import")], help="verify and add an exported archive")
     _completes(p.add_argument("archive", type=Path), FILE)
+    p.add_argument("--trust-unsigned", action="store_true",
+                   help="take the records that cannot be re-derived (objects, modules, unpacked wheels, source "
+                        "trees) from an archive no trusted key signed (default: left out, and said); recorded in "
+                        "the import's receipt")
 
     p = sub.add_parser("env", parents=[_common("env")],
                        help="print a realized recipe's environment, or run a command inside it",
@@ -146,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
     _sandbox_option(p)
     _remote_options(p)
+
+    p = sub.add_parser("key", parents=[_common("key")], help="signing keys for archives and remote cache entries")
+    keys = p.add_subparsers(dest="key_command", metavar="ACTION", required=True)
+    k = keys.add_parser("generate", parents=[_common("key")],
+                        help="write a new ed25519 key pair: PATH (the secret key) and PATH.pub")
+    _completes(k.add_argument("path", type=Path, metavar="PATH", help="the secret key's file (PATH.pub: the public "
+                                                                     "key, for HERMETIC_TRUSTED_KEYS)"), FILE)
+    k.add_argument("--name", help="the key's name (default: PATH's file name)")
 
     p = sub.add_parser("completion", parents=[_common("completion")],
                        help="print the shell completion script (bash or zsh)")

@@ -23,11 +23,14 @@ from hermetic.errors import BadInput, FetchFailed
 from hermetic.fetch.index import Candidate, IndexClient, file_url_to_path, select
 from hermetic.fetch.pipconfig import PipConfig
 from hermetic.fetch.session import (
+    TooLarge,
+    TransferLimits,
     TransientError,
     UnavailableError,
     describe_error,
     http_get,
     make_session,
+    read_body,
     transient_errors,
     with_retries,
 )
@@ -61,11 +64,14 @@ class Located:
 
 class Fetcher:
     def __init__(self, config: PipConfig, tmp_dir: Path, reporter: Reporter | None = None, *,
-                 tags: Sequence[Tag] | None = None, backoff: float = 0.5) -> None:
+                 tags: Sequence[Tag] | None = None, backoff: float = 0.5,
+                 limits: TransferLimits | None = None) -> None:
         self.config, self.tmp_dir, self.reporter, self.backoff = config, Path(tmp_dir), reporter, backoff
+        self.limits = limits or TransferLimits.from_environment()
         self.tags = list(tags) if tags is not None else list(sys_tags())
         self.session = make_session(config)
-        self.index = IndexClient(config, self.session, backoff=backoff, on_retry=self._note_retry)
+        self.index = IndexClient(config, self.session, backoff=backoff, on_retry=self._note_retry,
+                                 limits=self.limits)
 
     def close(self) -> None:
         self.session.close()
@@ -199,14 +205,16 @@ class Fetcher:
             self._check_size(wheel, cand.size, cand.url, cand.filename)
         if cand.url.startswith("file:"):
             return self._copy_local(wheel, file_url_to_path(cand.url), cand.url, cand.filename)
-        return self._download(wheel, cand.url, cand.filename)
+        return self._download(wheel, cand.url, cand.filename, cand.size)
 
     # transfer -----------------------------------------------------------------
-    def _download(self, wheel: LockedWheel, url: str, filename: str) -> Downloaded:
-        return with_retries(lambda: self._download_once(wheel, url, filename), retries=self.config.retries,
+    def _download(self, wheel: LockedWheel, url: str, filename: str, listed: int | None = None) -> Downloaded:
+        return with_retries(lambda: self._download_once(wheel, url, filename, listed), retries=self.config.retries,
                             backoff=self.backoff, on_retry=lambda e, n, d: self._note_retry(url, e, n, d))
 
-    def _download_once(self, wheel: LockedWheel, url: str, filename: str) -> Downloaded:
+    def _download_once(self, wheel: LockedWheel, url: str, filename: str, listed: int | None) -> Downloaded:
+        """One GET under the transfer's deadline, never past the size the lock, the index (``listed``) or the
+        server declares (the smallest), or the cap where none does."""
         # identity: Content-Length and the locked hash are about the bytes of the file, not a gzip of them
         resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
         with resp:
@@ -216,7 +224,20 @@ class Fetcher:
             total = int(length) if length.isdigit() else None
             if total is not None:
                 self._check_size(wheel, total, url, filename)
-            return self._write(wheel, resp.raw.stream(CHUNK, decode_content=False), total, filename, url)
+            declared = [n for n in (wheel.size, listed, total) if n is not None]
+            cap = min(declared) if declared else self.limits.cap
+            body = read_body(resp, filename, self.limits, cap=cap)
+            try:
+                return self._write(wheel, body, total, filename, url)
+            except TooLarge as e:
+                if wheel.size is not None and e.limit == wheel.size:
+                    raise BadInput(f"{_label(wheel)}: {filename} from {redact(url)} is more than {wheel.size} "
+                                   "bytes, the lock says", where=wheel.where,
+                                   hint="the file differs from the locked one: check where it comes from, or "
+                                        "re-lock") from None
+                why = "the size its index or server declares" if declared else \
+                    "the cap for a download of no declared size (HERMETIC_DOWNLOAD_CAP)"
+                raise UnavailableError(f"{e}: {why}") from None
 
     def _write(self, wheel: LockedWheel, chunks: Iterable[bytes], total: int | None, filename: str,
                url: str) -> Downloaded:

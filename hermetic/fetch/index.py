@@ -7,6 +7,7 @@ look" (network, exit 1). requests is imported only inside functions: importing t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -29,7 +30,16 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from hermetic.fetch.pipconfig import PipConfig
-from hermetic.fetch.session import TransientError, UnavailableError, http_get, with_retries
+from hermetic.fetch.session import (
+    TransferLimits,
+    TransientError,
+    UnavailableError,
+    describe_error,
+    http_get,
+    read_body,
+    transient_errors,
+    with_retries,
+)
 from hermetic.urls import file_url_path, redact, same_origin
 
 if TYPE_CHECKING:
@@ -39,6 +49,7 @@ if TYPE_CHECKING:
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_TYPE}, text/html;q=0.1"
+MAX_PAGE_BYTES = 256 << 20   # a project page (PyPI's torch page is a few MB); past this it is not one
 T = TypeVar("T")
 
 
@@ -81,8 +92,9 @@ class IndexClient:
 
     def __init__(self, config: PipConfig, session: requests.Session, *, backoff: float = 0.5,
                  on_retry: Callable[[str, TransientError, int, float], None] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, limits: TransferLimits | None = None) -> None:
         self.config, self.session, self.backoff = config, session, backoff
+        self.limits = limits or TransferLimits.from_environment()
         self.on_retry, self.sleep = on_retry, sleep
         # Of the last candidates() call, redacted: what was searched, and what could not be read and why.
         self.searched: list[str] = []
@@ -151,7 +163,7 @@ class IndexClient:
 
     def _read_page(self, url: str) -> list[Candidate] | None:
         """A project page over http(s); None for 404/410 ("no files here" is not an error)."""
-        resp = http_get(self.session, url, self.config, headers={"Accept": ACCEPT})
+        resp = http_get(self.session, url, self.config, stream=True, headers={"Accept": ACCEPT})
         with resp:
             if resp.status_code in (404, 410):
                 return None
@@ -159,12 +171,17 @@ class IndexClient:
                 raise UnavailableError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
             ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
             base = _with_credentials_of(url, resp.url or url)
+            # under the transfer's deadline and a cap: a page that never ends or trickles holds nothing up
+            try:
+                data = b"".join(read_body(resp, "the index page", self.limits, cap=MAX_PAGE_BYTES, decode=True))
+            except transient_errors() as e:
+                raise TransientError(describe_error(e)) from None
             if ctype == JSON_TYPE:
                 try:
-                    return _parse_json(resp.json(), base)
+                    return _parse_json(json.loads(data), base)
                 except ValueError as e:
                     raise UnavailableError(f"invalid PEP 691 JSON page: {e}") from None
-            return _parse_html(resp.text, base)
+            return _parse_html(data.decode(resp.encoding or "utf-8", errors="replace"), base)
 
 
 def _with_credentials_of(page: str, url: str) -> str:

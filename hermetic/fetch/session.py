@@ -8,11 +8,13 @@ inside functions: importing this module stays cheap.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 from hermetic.fetch.pipconfig import PipConfig
@@ -30,6 +32,110 @@ class TransientError(Exception):
 
 class UnavailableError(Exception):
     """A failure retrying will not fix: 401/403/404, TLS verification, a missing local file."""
+
+
+class TooSlow(TransientError):
+    """A transfer fell below the bytes-per-second floor of its whole-transfer deadline (a stalled server)."""
+
+
+class TooLarge(UnavailableError):
+    """A body longer than its declared size, or than the cap where nothing declares one."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(what)
+        self.limit = limit
+
+
+# Every transfer has a whole-transfer deadline: after GRACE seconds, at least FLOOR bytes a second on
+# average (a per-read timeout alone lets a server that sends a byte every few seconds hold a command for
+# good); and a size cap where neither the lock, the index, the server nor the caller declares a size.
+ENV_FLOOR, ENV_GRACE, ENV_CAP = "HERMETIC_TRANSFER_FLOOR", "HERMETIC_TRANSFER_GRACE", "HERMETIC_DOWNLOAD_CAP"
+DEFAULT_FLOOR = 16 << 10        # bytes a second: a 2 GB wheel may take a day and a half, a stalled server not
+DEFAULT_GRACE = 30.0            # seconds every transfer gets before the floor applies (connection, slow start)
+DEFAULT_CAP = 4 << 30           # bytes of a body no one declared a size for (the largest wheels are ~3 GB)
+
+
+@dataclass(frozen=True)
+class TransferLimits:
+    floor: int = DEFAULT_FLOOR
+    grace: float = DEFAULT_GRACE
+    cap: int = DEFAULT_CAP
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> TransferLimits:
+        """The limits, each from its variable (``HERMETIC_TRANSFER_FLOOR`` bytes a second,
+        ``HERMETIC_TRANSFER_GRACE`` seconds, ``HERMETIC_DOWNLOAD_CAP`` bytes) or its default."""
+        from hermetic.errors import BadInput
+        env = os.environ if environ is None else environ
+
+        def number(name: str, default: float, low: float, high: float) -> float:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = float(raw)
+            except ValueError:
+                value = float("nan")
+            if not low <= value <= high:
+                raise BadInput(f"{name}={raw!r} is not a number from {low:g} to {high:g}", where=name,
+                               hint="unset it for the default, or see docs/remote.md#transfer-limits")
+            return value
+
+        return cls(floor=int(number(ENV_FLOOR, DEFAULT_FLOOR, 1, 1 << 40)),
+                   grace=number(ENV_GRACE, DEFAULT_GRACE, 0, 86400),
+                   cap=int(number(ENV_CAP, DEFAULT_CAP, 1, 1 << 50)))
+
+
+class Deadline:
+    """The whole-transfer deadline of one transfer: ``check(done)`` after each piece raises TooSlow once, past
+    the grace period, fewer than ``floor`` bytes a second arrived on average."""
+
+    def __init__(self, limits: TransferLimits, what: str) -> None:
+        self.limits, self.what = limits, what
+        self.started = time.monotonic()
+
+    def check(self, done: int) -> None:
+        elapsed = time.monotonic() - self.started
+        late = elapsed - self.limits.grace
+        if late > 0 and done < self.limits.floor * late:
+            raise TooSlow(f"{self.what}: {done} bytes in {elapsed:.0f} s, below the floor of "
+                          f"{self.limits.floor} bytes a second after {self.limits.grace:g} s ({ENV_FLOOR})")
+
+
+READ = 1 << 16
+
+
+def read_body(resp: requests.Response, what: str, limits: TransferLimits, *, cap: int,
+              decode: bool = False) -> Iterator[bytes]:
+    """The body of a streamed response in pieces as they arrive (``read1``: a slow server cannot hold one
+    read for long), under its whole-transfer deadline, and never past ``cap`` bytes (TooLarge: nothing past
+    the cap is read). ``decode``: undo a Content-Encoding (pages); wheels and blobs are hashed as sent."""
+    deadline = Deadline(limits, what)
+    raw = resp.raw
+    done = 0
+    while True:
+        piece = raw.read1(READ, decode_content=decode)
+        if not piece:
+            return
+        done += len(piece)
+        if done > cap:
+            raise TooLarge(f"{what}: more than {cap} bytes", cap)
+        deadline.check(done)
+        yield piece
+
+
+class PacedReader:
+    """A file being uploaded, read by the HTTP client under the whole-transfer deadline (a server that reads
+    a few bytes a second would otherwise hold an upload for good): each ``read`` checks it."""
+
+    def __init__(self, f: IO[bytes], limits: TransferLimits, what: str) -> None:
+        self.f, self.deadline, self.done = f, Deadline(limits, what), 0
+
+    def read(self, n: int = -1) -> bytes:
+        self.deadline.check(self.done)
+        data = self.f.read(n)
+        self.done += len(data)
+        return data
 
 
 def with_retries(fn: Callable[[], T], *, retries: int, backoff: float,

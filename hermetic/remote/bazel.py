@@ -62,6 +62,8 @@ class BazelHttpCache:
             self.session.auth = settings.auth
         if settings.token is not None:
             self.session.headers["Authorization"] = f"Bearer {settings.token}"
+        from hermetic.fetch.session import TransferLimits
+        self.limits = TransferLimits.from_environment()
         self.stats = RemoteStats()
         self.unreachable: str | None = None    # set after a connection failure: reads and writes stop
         self.read_only_reason: str | None = None  # set when the server refuses our writes
@@ -120,14 +122,22 @@ class BazelHttpCache:
         resp = self._request("GET", f"cas/{digest}", listed=listed, stream=True)
         if resp is None or isinstance(resp, _Miss):
             return None
+        from hermetic.fetch.session import TooLarge, read_body
+        limit = size if size is not None else min(max_size, self.limits.cap)
+        length = resp.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > limit:  # refused before a byte is read
+            resp.close()
+            self._wrong_content(digest, f"a declared size of {length} bytes, more than {limit}")
+            return None
         path = fs.new_temp_file(directory, ".remote-", ".part")
-        limit = size if size is not None else max_size
         try:
             with resp:
-                try:
-                    sha256, got = fs.write_hashed(resp.iter_content(CHUNK), path, limit=limit, fresh=False)
-                except fs.TooLarge:
-                    raise _BadBody(f"more than {limit} bytes") from None
+                try:  # under the whole-transfer deadline (a stall is a transport failure: a miss, a warning)
+                    body = read_body(resp, f"cas/{digest[:16]}…", self.limits, cap=limit, decode=True)
+                    sha256, got = fs.write_hashed(body, path, fresh=False)
+                except TooLarge:
+                    raise _BadBody(f"more than {limit} bytes"
+                                   + ("" if size is not None else " (HERMETIC_DOWNLOAD_CAP)")) from None
             if size is not None and got != size:
                 raise _BadBody(f"{got} bytes, expected {size}")
             if sha256 != digest:
@@ -164,8 +174,10 @@ class BazelHttpCache:
         """Upload a local file as blob ``digest`` unless the server has it; True when it is there now."""
         if digest == EMPTY_SHA256:
             return True  # bazel-remote always has the empty blob and refuses to be sent it
-        with open(path, "rb") as f:
-            return self._put(f"cas/{digest}", f, os.fstat(f.fileno()).st_size, skip_existing=True)
+        from hermetic.fetch.session import PacedReader
+        with open(path, "rb") as f:  # paced: a server that reads a byte a second fails the deadline
+            return self._put(f"cas/{digest}", PacedReader(f, self.limits, f"cas/{digest[:16]}…"),
+                             os.fstat(f.fileno()).st_size, skip_existing=True)
 
     def put_cas_bytes(self, digest: str, data: bytes) -> bool:
         if digest == EMPTY_SHA256:
@@ -204,15 +216,17 @@ class BazelHttpCache:
         resp = self._request("GET", path, listed=listed, stream=True)
         if resp is None or isinstance(resp, _Miss):
             return None
+        from hermetic.fetch.session import TooLarge, read_body
         try:
             with resp:
                 data = bytearray()
-                for chunk in resp.iter_content(CHUNK):
-                    data += chunk
-                    if len(data) > max_size:
-                        self.failed(f"{path[:20]}… from the remote cache is larger than {max_size} bytes; "
-                                     "ignoring it")
-                        return None
+                try:
+                    for chunk in read_body(resp, f"{path[:20]}…", self.limits, cap=max_size, decode=True):
+                        data += chunk
+                except TooLarge:
+                    self.failed(f"{path[:20]}… from the remote cache is larger than {max_size} bytes; "
+                                "ignoring it")
+                    return None
         except Exception as e:
             if self._is_transport_error(e):
                 self._transport_failed(e)
@@ -267,7 +281,10 @@ class BazelHttpCache:
 
     def _is_transport_error(self, e: Exception) -> bool:
         import requests
-        return isinstance(e, requests.RequestException | OSError)
+        import urllib3
+
+        from hermetic.fetch.session import TooSlow
+        return isinstance(e, requests.RequestException | OSError | TooSlow | urllib3.exceptions.HTTPError)
 
     def _transport_failed(self, e: Exception) -> None:
         from hermetic.fetch.session import describe_error

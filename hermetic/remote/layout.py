@@ -16,12 +16,21 @@ Everything fetched is verified (sha256, sizes, a record's name against its recom
 the store; any failure is a miss with a warning. Writers upload CAS blobs before the action entry that
 names them. Hashes protect the CAS; the action entries say which object a compile gets, so only trusted
 builders may write them (docs/remote.md).
+
+* **Signatures** (issue 34): a writer with ``HERMETIC_SIGNING_KEY`` signs each action entry it writes. The
+  signature lies in a sidecar entry, ``ac/<signature_key(key)>``, an ActionResult naming one CAS blob
+  (``signature.json``: the entry's key, its files and the signatures), so the server stays a plain Bazel
+  HTTP cache (nginx stores bytes; bazel-remote finds an ActionResult whose blob it has). What is signed is
+  the entry's key and its decoded file list, not its bytes (bazel-remote re-encodes an entry on PUT). A
+  reader with ``HERMETIC_TRUSTED_KEYS`` takes an action entry only under a signature by one of those keys:
+  an unsigned entry, or one whose files changed since it was signed, is a miss with a warning.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -31,7 +40,7 @@ from hermetic.build.objects import Chosen, ObjectCache, object_bytes
 from hermetic.build.plan import Compile
 from hermetic.remote.actionresult import SHA256_RE, OutputFile
 from hermetic.remote.backend import Backend
-from hermetic.store import STORE_FORMAT, Store, blob_ref
+from hermetic.store import STORE_FORMAT, Store, blob_ref, provenance
 from hermetic.store.admission import record_problem
 from hermetic.store.records import ObjectRecord
 
@@ -39,6 +48,8 @@ AC_SALT = "hermetic-remote-v2"  # v2: path-independent object keys (keys.SALT v2
 MAX_CANDIDATES = 16          # object records kept per lookup key (newest first)
 MAX_META_BYTES = 64 << 20
 CERTIFICATE = "certificate.json.zst"
+SIGNATURE = "signature.json"
+MAX_SIGNATURE_BYTES = 64 << 10
 WORKERS = 8
 _OBJECT_NAME = re.compile(r"^[0-9a-f]{32}-obj-[A-Za-z0-9._+-]{1,80}$")
 T = TypeVar("T")
@@ -55,14 +66,89 @@ def module_key(key: str) -> str:
     return fs.sha256_bytes(fs.canonical_json({"salt": AC_SALT, "kind": "module", "key": key}))
 
 
+def signature_key(key: str) -> str:
+    """The sidecar entry holding the signatures of action entry ``key``."""
+    return fs.sha256_bytes(fs.canonical_json({"salt": AC_SALT, "kind": "signature", "ac": key}))
+
+
+def signed_message(key: str, files: Sequence[OutputFile]) -> bytes:
+    """What a signature of action entry ``key`` covers: its key and its files (path, digest, size, mode)."""
+    listed = [[f.path, f.digest, f.size, f.executable] for f in files]
+    return provenance.REMOTE_DOMAIN + fs.canonical_json({"ac": key, "files": listed})
+
+
 class Sharing:
-    def __init__(self, remote: Backend, store: Store) -> None:
+    def __init__(self, remote: Backend, store: Store, *, trusted: list[provenance.PublicKey] | None = None,
+                 signer: provenance.SecretKey | None = None, from_environment: bool = True) -> None:
+        """``trusted``: the keys an action entry must be signed by (default HERMETIC_TRUSTED_KEYS; none: every
+        entry is taken, as before signatures); ``signer``: the key this writer signs with (default
+        HERMETIC_SIGNING_KEY)."""
         self.remote, self.store = remote, store
+        self.trusted = trusted if trusted is not None else provenance.trusted_keys() if from_environment else []
+        self.signer = signer if signer is not None else provenance.signing_key() if from_environment else None
         self.counts = {"wheels_fetched": 0, "objects_fetched": 0, "modules_fetched": 0, "objects_uploaded": 0,
-                       "modules_uploaded": 0, "blobs_uploaded": 0}
+                       "modules_uploaded": 0, "blobs_uploaded": 0, "unsigned_ignored": 0, "entries_signed": 0}
+        self._counts_lock = threading.Lock()  # uploads and fetches run in threads (_parallel)
 
     def summary(self) -> dict[str, Any]:
-        return {**self.remote.summary(), **self.counts}
+        return {**self.remote.summary(), **self.counts, "trusted_keys": sorted({k.name for k in self.trusted}),
+                "signs_as": self.signer.name if self.signer is not None else None}
+
+    # signatures ---------------------------------------------------------------------
+    def _vouched(self, key: str, files: list[OutputFile], what: str, *, keys: list[provenance.PublicKey]) -> bool:
+        """Whether action entry ``key`` (its ``files``) is signed by one of ``keys``; a warning when not."""
+        sidecar = self.remote.get_ac(signature_key(key)) or []
+        stmt = next((f for f in sidecar if f.path == SIGNATURE), None)
+        data = self.remote.get_cas_bytes(stmt.digest, MAX_SIGNATURE_BYTES, listed=True) if stmt else None
+        why = "it is signed by no key"
+        if data is not None:
+            try:
+                record = json.loads(data)
+                sigs = provenance.signatures_of(record) if isinstance(record, dict) else []
+            except ValueError:
+                sigs = []
+            signer, broken = provenance.trusted_signer(signed_message(key, files), sigs, keys)
+            if signer is not None:
+                return True
+            why = (f"its signature by {broken[0]} does not cover what it holds now" if broken else
+                   f"it is signed by {', '.join(sorted({s['key'] for s in sigs})) or 'no key'}, which "
+                   f"{provenance.ENV_TRUSTED} does not name")
+        with self._counts_lock:
+            self.counts["unsigned_ignored"] += 1
+        self.remote.failed(f"{what} (ac/{key[:16]}…): {why}; ignoring it")
+        return False
+
+    def _taken(self, key: str, files: list[OutputFile] | None, what: str) -> list[OutputFile] | None:
+        """``files`` of action entry ``key`` when this reader takes them: always where no key is trusted, else
+        under a trusted signature."""
+        if not files or not self.trusted:
+            return files
+        return files if self._vouched(key, files, what, keys=self.trusted) else None
+
+    def _replaces_unsigned(self, key: str, filename: str) -> bool:
+        """A signing writer writes its own module entry over one no key it trusts signed (else readers that
+        require signatures would never take this module)."""
+        if self.signer is None:
+            return False
+        files = self.remote.get_ac(key)
+        return not files or not self._vouched(key, files, f"the module entry of {filename} there already",
+                                              keys=[*self.trusted, self.signer.public])
+
+    def _put_signed(self, key: str, files: list[OutputFile]) -> bool:
+        """Write action entry ``key``, then (with a signing key) its signature in the sidecar entry, whose blob
+        goes up first: a bazel-remote answers 404 for an entry whose blob it lacks."""
+        if not self.remote.put_ac(key, files):
+            return False
+        if self.signer is None:
+            return True
+        stmt = fs.canonical_json({"format": 1, "ac": key, "signatures": [
+            self.signer.sign(signed_message(key, files))]})
+        digest = fs.sha256_bytes(stmt)
+        if self.remote.put_cas_bytes(digest, stmt) and \
+                self.remote.put_ac(signature_key(key), [OutputFile(SIGNATURE, digest, len(stmt))]):
+            with self._counts_lock:
+                self.counts["entries_signed"] += 1
+        return True
 
     def record(self) -> dict[str, str]:
         return self.remote.settings.record()
@@ -118,7 +204,8 @@ class Sharing:
 
     def _records(self, lookup: str) -> list[ObjectRecord]:
         """The valid object records the remote lists under ``lookup`` and this store does not have."""
-        files = self.remote.get_ac(objects_key(lookup))
+        key = objects_key(lookup)
+        files = self._taken(key, self.remote.get_ac(key), "the list of object records of a lookup key")
         out: list[ObjectRecord] = []
         for name, (meta_file, object_file) in _manifest(files or []).items():
             if self.store.has_entry(name):
@@ -145,7 +232,13 @@ class Sharing:
     def _upload_lookup(self, item: tuple[str, list[ObjectRecord]]) -> int:
         lookup, metas = item
         key = objects_key(lookup)
-        listed = _manifest(self.remote.get_ac(key) or [])
+        current = self.remote.get_ac(key) or []
+        # a signing writer keeps only what a key it trusts (its own among them) signed: it never vouches, by
+        # signing the new list, for records someone else put there
+        if current and self.signer is not None and not self._vouched(
+                key, current, "the list this writer extends", keys=[*self.trusted, self.signer.public]):
+            current = []
+        listed = _manifest(current)
         added: list[tuple[OutputFile, OutputFile]] = []
         for meta in metas:
             # the team's records name the object's own bytes: how this store keeps them is its own affair
@@ -164,7 +257,7 @@ class Sharing:
         names = {a[0].path.split("/")[0] for a in added}
         kept = [pair for name, pair in listed.items() if name not in names]
         pairs = (added + kept)[:MAX_CANDIDATES]
-        return len(added) if self.remote.put_ac(key, [f for pair in pairs for f in pair]) else 0
+        return len(added) if self._put_signed(key, [f for pair in pairs for f in pair]) else 0
 
     def _put_object(self, meta: ObjectRecord) -> bool:
         if not meta.get("packed"):
@@ -178,7 +271,7 @@ class Sharing:
     def fetch_module(self, key: str, filename: str) -> tuple[str, str] | None:
         """(module blob, certificate blob) of the build that linked this module elsewhere, verified and in
         the store; None on a miss."""
-        files = self.remote.get_ac(module_key(key))
+        files = self._taken(module_key(key), self.remote.get_ac(module_key(key)), f"the module entry of {filename}")
         if not files:
             return None
         by_path = {f.path: f for f in files}
@@ -201,13 +294,16 @@ class Sharing:
         return so.digest, cert.digest
 
     def upload_module(self, key: str, filename: str, so_digest: str, cert_blob: str) -> None:
-        if not self.remote.writable or self.remote.has(f"ac/{module_key(key)}") is not False:
+        if not self.remote.writable:
+            return
+        there = self.remote.has(f"ac/{module_key(key)}")
+        if there is None or (there and not self._replaces_unsigned(module_key(key), filename)):
             return  # there already (another builder's certificate stays), or the remote cannot say
         so_path, cert_path = self.store.blob_path(so_digest), self.store.blob_path(cert_blob)
         if self.remote.put_cas_file(so_digest, so_path) and self.remote.put_cas_file(cert_blob, cert_path):
             files = [OutputFile(f"module/{filename}", so_digest, so_path.stat().st_size),
                      OutputFile(CERTIFICATE, cert_blob, cert_path.stat().st_size)]
-            if self.remote.put_ac(module_key(key), files):
+            if self._put_signed(module_key(key), files):
                 self.counts["modules_uploaded"] += 1
 
 

@@ -250,8 +250,8 @@ class Measurement:
             raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
                            hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
         self.root.ensure()
-        self.audit = _audit(self.root)
         self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
+        self.audit = _audit(self.root, self.lock_dir)
         from hermetic.realize.pipeline import say_sandbox
         from hermetic.sandbox import choose, resolve_mode
         mode, set_by = resolve_mode(self.sandbox_mode, self.spec.sandbox,
@@ -445,12 +445,12 @@ def _module_hashes(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _audit(root: Root) -> Any:
+def _audit(root: Root, ldir: Path) -> Any:
     try:
         from hermetic.audit import OutsideRootAudit
     except ImportError:
         return None
-    a = OutsideRootAudit(root.path)
+    a = OutsideRootAudit(root.path, lock_folders=[ldir])  # watched: only lock files may appear there
     a.start()
     return a
 

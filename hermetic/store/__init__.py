@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from hermetic import fs
-from hermetic.errors import BadRecord, WorkFailed
+from hermetic.errors import BadInput, BadRecord, WorkFailed
 
 if TYPE_CHECKING:  # the record types: not imported at run time, so a no-op realize never creates them
     from hermetic.store.records import (
@@ -535,12 +535,16 @@ class Staging:
         the store's); their file map."""
         files: FileMap = {}
         store = self.store
-        for dirpath, _dirnames, names in os.walk(self.out):
-            for n in names:
+        for dirpath, dirnames, names in os.walk(self.out):
+            for n in names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
                 p = Path(dirpath) / n
                 rel = p.relative_to(self.out).as_posix()
+                # only regular files become blobs: a symlink would be hashed, chmodded and moved through
+                if not stat.S_ISREG(os.lstat(p).st_mode):
+                    raise BadInput(f"{rel} in the tree of {self.name} is not a regular file",
+                                   where=str(p), hint="a tree's files are regular files: nothing was stored")
                 executable = os.access(p, os.X_OK)
-                digest, _size = fs.sha256_file(p)
+                digest, _size = fs.sha256_file(p, follow=False)
                 # pinned under the gc lock (an existing blob too): gc cannot delete it before the link below
                 blob = store.put_blob_file(p, digest, executable)
                 fs.link_or_copy(blob, p)

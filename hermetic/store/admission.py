@@ -16,7 +16,7 @@ from typing import Any
 
 from hermetic.keys import UNPACKER_VERSION, lookup_key, object_key, split_defines, unpacked_key
 from hermetic.store import KINDS, STORE_FORMAT, entry_name
-from hermetic.store.trees import check_link_target, check_relpath, tree_entry_name
+from hermetic.store.trees import check_relpath, tree_entry_name, tree_problem
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _ENTRY_NAME = re.compile(r"^[0-9a-f]{32}-[\w.+-]{1,80}$")   # what store.entry_name makes
@@ -83,13 +83,10 @@ def _tree_problem(meta: dict[str, Any], name: str) -> str | None:
     if not (isinstance(label, str) and isinstance(links, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in links.items())):
         return "malformed tree record"
-    for rel, target in links.items():
-        try:
-            check_relpath(rel)
-            check_link_target(rel, target)
-        except ValueError:
-            return f"its symlink {rel!r} leaves the tree"
     files = {p: (d, x) for p, (d, x) in meta["files"].items()}
+    why = tree_problem(files, links)  # the tree as a whole: links chained through links, paths through links
+    if why is not None:
+        return why
     if tree_entry_name(label, files, links) == name:
         return None
     # input-addressed (a source tree): named by what it was made from, which it carries

@@ -11,7 +11,6 @@ archive (exit 2) and leaves the store as it was.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -23,16 +22,17 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from hermetic import __version__, fs
-from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, split_blob_name, split_refs
+from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, provenance, split_blob_name, split_refs
 from hermetic.store.admission import record_problem
-from hermetic.store.records import EntryRecord, files_of
+from hermetic.store.records import EntryRecord, entry_problem, files_of, read_checked, root_problem
 from hermetic.store.roots import root_refs
-from hermetic.store.trees import build_tree
+from hermetic.store.trees import build_tree, tree_entry_name
 
 ARCHIVE_FORMAT = 1
+MAX_BLOB_BYTES = 1 << 44   # 16 TiB: a size past this is no file's
 _ENTRY_RE = re.compile(r"^entries/([A-Za-z0-9._+-]{1,160})/meta\.json$")
 _BLOB_RE = re.compile(r"^blobs/([0-9a-f]{64}x?)$")
 _ROOT_RE = re.compile(r"^roots/([A-Za-z0-9._-]{1,80})\.json$")
@@ -81,9 +81,12 @@ def stream_order(blobs: dict[str, str], sizes: dict[str, int]) -> list[str]:
 
 
 def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Reporter,
-                   level: int = 19) -> dict[str, int]:
+                   level: int = 19, sign: Path | None = None) -> dict[str, Any]:
+    """Write the closure of the roots (``names``, else all) to ``archive``; ``sign``: a secret key file whose
+    signature over the manifest lets an importer that trusts its public key take every record."""
     import zstandard
 
+    key = provenance.load_secret(sign) if sign is not None else None  # a bad key fails before any work
     store = Store(root.store)
     if not store.exists():
         raise BadInput(f"nothing to export: no store at {root.store}", where="--root",
@@ -94,6 +97,10 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         raise BadInput(f"hermetic export would write {archive} inside the store ({target})", where=str(archive),
                        hint="store files are read-only and content-addressed: write the archive outside the store, "
                             "e.g. ./closure.tar.zst")
+    if target.is_relative_to(os.path.realpath(root.path)):  # a gc root, a receipt, the marker: hermetic's own
+        raise BadInput(f"hermetic export would write {archive} inside the scratch root {root.path} ({target})",
+                       where=str(archive), hint="everything under the root is hermetic's (gc --all removes it): "
+                                                "write the archive outside it, e.g. ./closure.tar.zst")
     wanted = set(names)
     root_files = sorted(p for p in root.roots.glob("*.json") if not wanted or p.stem in wanted)
     missing = wanted - {p.stem for p in root_files}
@@ -103,9 +110,11 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     refs: set[str] = set()
     # the roots read and their closure pinned at once, under the gc lock: a gc waits, then sees the pins
     with store.gc_lock():
-        root_bytes = {p: p.read_bytes() for p in root_files}  # a root gc then drops still travels
-        for data in root_bytes.values():
-            refs.update(json.loads(data).get("refs", []))
+        root_bytes: dict[Path, bytes] = {}
+        for p in root_files:  # a root gc then drops still travels; a bad one is refused (docs/layout.md)
+            record = read_checked(p, root_problem, "gc root")
+            root_bytes[p] = p.read_bytes()
+            refs.update(record["refs"])
         if not wanted:
             refs |= root_refs(root)
         entries, blobs = _closure(store, refs)
@@ -122,6 +131,8 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     order = stream_order(blobs, manifest["blobs"])
     for p in root_files:
         manifest["roots"][p.stem] = fs.sha256_bytes(root_bytes[p])
+    if key is not None:
+        manifest["signatures"] = [key.sign(provenance.manifest_message(manifest))]
     archive.parent.mkdir(parents=True, exist_ok=True)
     task = reporter.task(f"export {archive.name}", total, "bytes")
     tmp = archive.with_name(f".{archive.name}.{os.getpid()}.tmp")
@@ -154,7 +165,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         if tmp.exists():
             tmp.unlink()
     return {"entries": len(entries), "blobs": len(blobs), "bytes": total,
-            "archive_bytes": archive.stat().st_size}
+            "archive_bytes": archive.stat().st_size, "signed_by": key.name if key is not None else None}
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -165,13 +176,18 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def import_closure(root: Root, archive: Path, *, reporter: Reporter,
-                   host: Callable[[], Mapping[str, object]]) -> dict[str, int]:
+                   host: Callable[[], Mapping[str, object]], trust_unsigned: bool = False,
+                   trusted: list[provenance.PublicKey] | None = None) -> dict[str, Any]:
     """Verify and add an archive; ``host`` gives this machine's interpreter and torch identity (asked only
-    when an entry was built for one: it may import torch)."""
+    when an entry was built for one: it may import torch). Records that cannot be re-derived (objects,
+    modules, unpacked wheels, source trees) are taken only under a signature by a key of ``trusted`` (default:
+    HERMETIC_TRUSTED_KEYS), or with ``trust_unsigned``; otherwise they are left out, and said. Every import
+    writes its receipt in ``imports/``."""
     import zstandard
 
     if not archive.is_file():
         raise BadInput(f"archive {archive} does not exist", where=str(archive))
+    keys = provenance.trusted_keys() if trusted is None else trusted
     root.ensure()
     store = Store(root.store).open()
     staging = store.tmp / f"import-{os.getpid()}-{time.time_ns()}"
@@ -182,16 +198,71 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
             with dctx.stream_reader(raw) as zr:
                 manifest, metas, roots, blob_files = _read_verified(zr, staging, archive)
         _check_records(store, metas, blob_files, archive)  # every record, before anything is published
-        _check_hosts(host, metas, archive)
+        signer, vouched_by = _vouch(manifest, keys, trust_unsigned, archive)
+        left_out = [] if vouched_by else sorted(n for n, m in metas.items() if needs_vouching(n, m))
+        kept = {n: m for n, m in metas.items() if n not in left_out}
+        wanted = _wanted_blobs(kept, blob_files) if left_out else set(blob_files)
+        blob_files = {b: p for b, p in blob_files.items() if b in wanted}
+        _check_hosts(host, kept, archive)
         new_blobs = sum(not store.has_blob(*split_blob_name(b)) for b in blob_files)
-        _publish(root, store, metas, roots, blob_files)
+        _publish(root, store, kept, roots, blob_files)
     except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
         raise BadInput(f"archive {archive.name} is damaged: {e}", where=str(archive),
                        hint="copy it again; nothing was imported") from None
     finally:
         fs.remove_tree(staging)
-    return {"entries": len(metas), "blobs": len(blob_files), "new_blobs": new_blobs,
-            "roots": len(roots), "bytes": sum(manifest["blobs"].values())}
+    stats: dict[str, Any] = {
+        "entries": len(kept), "blobs": len(blob_files), "new_blobs": new_blobs, "roots": len(roots),
+        "bytes": sum(manifest["blobs"].values()), "signed_by": signer, "vouched_by": vouched_by,
+        "trust_unsigned": vouched_by == "--trust-unsigned", "left_out": left_out}
+    _write_receipt(root, archive, stats)
+    return stats
+
+
+def needs_vouching(name: str, meta: Mapping[str, Any]) -> bool:
+    """Whether a record says more than its name proves (store/provenance.py): an object (its compiled bytes),
+    a module (its linked library), an unpacked wheel (the wheel is not in the archive) and an input-addressed
+    source tree; a content-addressed tree is named by the files and links it holds, a blob by its bytes."""
+    if meta["kind"] != "tree":
+        return True
+    files = {p: (d, bool(x)) for p, (d, x) in meta["files"].items()}
+    return bool(tree_entry_name(meta["label"], files, meta["links"]) != name)
+
+
+def _vouch(manifest: dict[str, Any], keys: list[provenance.PublicKey], trust_unsigned: bool,
+           archive: Path) -> tuple[str | None, str | None]:
+    """(the key that signed the manifest, or None; who vouches for its records: "key NAME", "--trust-unsigned"
+    or None). A signature by a trusted key that does not verify is a changed archive: refused."""
+    try:
+        sigs = provenance.signatures_of(manifest)
+    except ValueError as e:
+        raise BadInput(f"archive {archive.name}: MANIFEST.json: {e}", where=str(archive),
+                       hint="the archive is damaged or not from `hermetic export`; nothing was imported") from None
+    signer, broken = provenance.trusted_signer(provenance.manifest_message(manifest), sigs, keys) if sigs \
+        else (None, [])
+    if broken:
+        raise BadInput(f"archive {archive.name}: its signature by trusted key {broken[0]} does not verify: it was "
+                       "changed after it was signed", where=str(archive),
+                       hint="copy it again from its signer; nothing was imported")
+    if signer is not None:
+        return signer, f"key {signer}"
+    return (sigs[0]["key"] if sigs else None), ("--trust-unsigned" if trust_unsigned else None)
+
+
+def _wanted_blobs(kept: Mapping[str, Any], blob_files: Mapping[str, Path]) -> set[str]:
+    """The blobs the records kept need or name (what left-out records alone need would be garbage)."""
+    wanted: set[str] = set()
+    for meta in kept.values():
+        wanted |= _needed_blobs(meta) | set(split_refs(meta["refs"])[1])
+    return wanted & set(blob_files)
+
+
+def _write_receipt(root: Root, archive: Path, stats: Mapping[str, Any]) -> None:
+    """``imports/<time>-<pid>.json``: what an import took, from which archive, and who vouched for it."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    record = {"format": 1, "kind": "import", "archive": str(archive.absolute()),
+              "archive_sha256": fs.sha256_file(archive)[0], "time": stamp, **stats}
+    fs.atomic_write_json(root.path / "imports" / f"{stamp}-{os.getpid()}.json", record, pretty=True)
 
 
 def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
@@ -213,6 +284,7 @@ def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
                 if name != "MANIFEST.json" or member.size > 64 << 20:
                     raise bad("the first member is not MANIFEST.json")
                 manifest = _load_manifest(tar, member, bad)
+                _check_space(manifest, staging, archive)  # before a byte of a blob is written
                 continue
             if m := _BLOB_RE.match(name):
                 bname = m.group(1)
@@ -231,6 +303,12 @@ def _read_verified(stream: IO[bytes], staging: Path, archive: Path) -> tuple[
                 data = _read_member(tar, member, 1 << 20)
                 if manifest["roots"].get(m.group(1)) != fs.sha256_bytes(data):
                     raise bad(f"root {m.group(1)} does not match the manifest")
+                try:
+                    why = root_problem(json.loads(data))
+                except ValueError:  # UnicodeDecodeError too
+                    why = "it is not JSON"
+                if why is not None:  # a bad gc root would make every later gc refuse to collect
+                    raise bad(f"member {name} is no gc root: {why}")
                 roots[m.group(1)] = data
             else:
                 raise bad(f"unexpected member {name!r}")
@@ -251,7 +329,27 @@ def _load_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, bad: Any) -> d
     for key in ("entries", "blobs", "roots"):
         if not isinstance(manifest.get(key), dict):
             raise bad(f"MANIFEST.json has no {key} table")
+    for name, size in manifest["blobs"].items():
+        if not (isinstance(size, int) and not isinstance(size, bool) and 0 <= size <= MAX_BLOB_BYTES):
+            raise bad(f"MANIFEST.json gives blob {str(name)[:16]}… the size {str(size)[:40]!r}")
+    for key in ("entries", "roots"):
+        for name, digest in manifest[key].items():
+            if not (isinstance(digest, str) and len(digest) == 64):
+                raise bad(f"MANIFEST.json gives {key[:-1]} {str(name)[:40]!r} no sha256")
     return manifest
+
+
+def _check_space(manifest: dict[str, Any], staging: Path, archive: Path) -> None:
+    """The blobs the manifest declares must fit the free space of the store's file system, checked before
+    anything is extracted (a small archive may declare, and hold, gigabytes of zeros)."""
+    import shutil
+    need = sum(manifest["blobs"].values())
+    free = shutil.disk_usage(staging).free
+    if need > free:
+        raise WorkFailed(f"archive {archive.name} holds {need} bytes of files and the store's file system has "
+                         f"{free} bytes free", where=str(archive),
+                         hint="free space (`hermetic gc` deletes what no root needs) or import into a root on a "
+                              "larger file system; nothing was imported")
 
 
 def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> bytes:
@@ -264,15 +362,20 @@ def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int) -> b
 
 def _extract_blob(tar: tarfile.TarFile, member: tarfile.TarInfo, staging: Path, bname: str,
                   bad: Any) -> Path:
+    """A blob member into the staging folder, never past its declared size (checked while it streams) and
+    hashed on the way."""
     f = tar.extractfile(member)
     assert f is not None
-    h = hashlib.sha256()
     dst = staging / bname
-    with open(dst, "wb") as out:
-        while chunk := f.read(fs.CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-    if h.hexdigest() != split_blob_name(bname)[0]:
+    try:
+        digest, size = fs.copy_hashed(f, dst, limit=member.size)
+    except fs.TooLarge:
+        raise bad(f"blob {bname[:16]}… is larger than its declared {member.size} bytes") from None
+    except FileExistsError:
+        raise bad(f"blob {bname[:16]}… appears twice") from None
+    if size != member.size:
+        raise bad(f"blob {bname[:16]}… is shorter than its declared {member.size} bytes")
+    if digest != split_blob_name(bname)[0]:
         raise bad(f"blob {bname[:16]}… does not hash to its name")
     return dst
 
@@ -297,7 +400,7 @@ def _check_records(store: Store, metas: dict[str, Any], blob_files: dict[str, Pa
     pinned now, in the store."""
     for name in sorted(metas):
         meta = metas[name]
-        why = record_problem(meta, name)
+        why = entry_problem(meta, name) or record_problem(meta, name)  # its shape, then its name
         if why is None:
             missing = [b for b in sorted(_needed_blobs(meta)) if b not in blob_files and not
                        store.use_blob(*split_blob_name(b))]

@@ -157,11 +157,24 @@ def _prune_index(store: Store) -> None:
             folder.rmdir()  # only empty ones go
 
 
+def check_remove_all(root: Root) -> bool:
+    """Whether ``gc --all`` has anything to remove (False: no folder, or an empty one, which is no root);
+    raises when the folder is one it must never remove (``Root.refuse_removal``)."""
+    if not os.path.lexists(root.path):
+        return False
+    if os.path.isdir(root.path) and not os.path.islink(root.path) and not os.listdir(root.path):
+        return False
+    root.refuse_removal()
+    return True
+
+
 def remove_all(root: Root) -> int:
-    """gc --all: the whole scratch root, once no other hermetic process is using it."""
-    store = Store(root.store)
-    if not root.path.exists():
+    """gc --all: the whole scratch root, once no other hermetic process is using it; only a folder that is a
+    marked scratch root, never /, the home folder, the current folder or a checkout (``Root.refuse_removal``).
+    An empty folder without a marker is no root and is left as it is."""
+    if not check_remove_all(root):
         return 0
+    store = Store(root.store)
     if store.exists():
         with store.gc_lock(exclusive=True, timeout=0.5):
             refs, _ = live_temproots(store)

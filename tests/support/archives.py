@@ -90,3 +90,31 @@ CRAFTED = {
     "unknown-format": "an archive record of an unknown store format (manifest consistent)",
     "bad-tree-last": "an archive whose bad tree record comes last, after a sound one (manifest consistent)",
 }
+
+
+def tree_archive(path: Path, links: dict[str, str], extra_files: dict[str, bytes] | None = None) -> Path:
+    """The honest closure with its tree given ``links`` (and ``extra_files``), named for what it holds, so that
+    import judges the tree's shape alone (the attacks of issue 34: links that chain through each other)."""
+    entries, blobs, _roots = honest_records()
+    tree = next(n for n, m in entries.items() if m["kind"] == "tree")
+    meta = entries.pop(tree)
+    files = dict(meta["files"])
+    for rel, data in (extra_files or {}).items():
+        digest = hashlib.sha256(data).hexdigest()
+        files[rel] = [digest, False]
+        blobs[digest] = data
+    name = tree_entry_name(ROOT, {p: (d, x) for p, (d, x) in files.items()}, links)
+    entries[name] = {**meta, "name": name, "files": files, "links": dict(sorted(links.items()))}
+    unpacked = next(n for n, m in entries.items() if m["kind"] == "unpacked")
+    roots = {ROOT: fs.pretty_json({"format": 1, "name": ROOT, "recipe": "/nowhere/recipe.toml", "profile": ROOT,
+                                   "refs": [entry_ref(name), entry_ref(unpacked)]})}
+    return write_archive(path, entries, blobs, roots)
+
+
+def climbing_links(levels: int, victim: str) -> dict[str, str]:
+    """Links that reach ``levels`` folders above the tree's folder ``a`` and put a link at ``victim`` (a path
+    relative to that place): ``a/b -> ..`` makes ``a/b/a/b/…/a/c`` a short physical path under a long logical
+    one, so that each link's own ``..`` count stays below its depth (the check before issue 34)."""
+    n = (levels + 1) // 2
+    chain = "a/b/" * n + "a/c"
+    return {"a/b": "..", chain: "/".join([".."] * levels), f"{chain}/{victim}": "pwned"}

@@ -33,7 +33,7 @@ from typing import Any
 
 from hermetic.audit import OutsideRootAudit
 from tests.support import cli
-from tests.support.archives import CRAFTED, crafted
+from tests.support.archives import CRAFTED, climbing_links, crafted, tree_archive
 from tests.support.cli import Result
 from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
 from tests.support.reliability import FileServer
@@ -408,6 +408,18 @@ def _cases() -> list[Case]:
         return ctx.build_recipe('[sources.s]\npath = "src"\npatches = ["abs.patch"]\n', "",
                                 {"src/a.cpp": "int a;\n"})
 
+    @case("patch-symlink", "a git patch whose new file is a symlink to a file outside (new file mode 120000)", 2,
+          ("link.patch:", "symlink"), builds=True)
+    def _(ctx: Ctx) -> list[str]:
+        secret = ctx.folder / "victim" / "secret.txt"  # an input the audit watches: a chmod of it is seen
+        secret.parent.mkdir()
+        secret.write_text("not for the store\n")
+        (ctx.folder / "link.patch").write_text(
+            f"diff --git a/leak.h b/leak.h\nnew file mode 120000\nindex 0000000..17984f4\n--- /dev/null\n"
+            f"+++ b/leak.h\n@@ -0,0 +1 @@\n+{secret}\n\\ No newline at end of file\n")
+        return ctx.build_recipe('[sources.s]\npath = "src"\npatches = ["link.patch"]\n', "",
+                                {"src/a.cpp": "int a;\n"})
+
     @case("source-folder-symlink", "a source folder holding a symlink to /etc", 2, ("symlink",), builds=True)
     def _(ctx: Ctx) -> list[str]:
         args = ctx.build_recipe('[sources.s]\npath = "src"\n', "", {"src/a.cpp": "int a;\n"})
@@ -488,6 +500,25 @@ def _cases() -> list[Case]:
         target = next(p for p in sorted((ctx.root / "profiles").glob("*/nvidia/cu13/include/*.h")))
         return ["export", str(target)]
 
+    @case("archive-chained-links", "an archive whose tree links chain through each other out of the root, at a "
+                                   "file of a folder outside", 2, ("chained.tar.zst", "through its symlink"))
+    def _(ctx: Ctx) -> list[str]:
+        victim = ctx.folder / "victim" / "precious.txt"
+        victim.parent.mkdir()
+        victim.write_text("the user's file\n")
+        # the staging tree is ROOT/store/tmp/entry-*/out: from out/a, six folders up is the root's parent
+        victim = Path(os.path.relpath(victim, ctx.root.parent))
+        return ["import", str(tree_archive(ctx.folder / "chained.tar.zst", climbing_links(6, str(victim))))]
+
+    @case("archive-link-through-link", "an archive whose tree link leads out through another of its links", 2,
+          ("through-link.tar.zst", "leaves the tree"))
+    def _(ctx: Ctx) -> list[str]:
+        # each link alone climbs no more than its depth (the check before issue 34); E passes L, which leads to
+        # the tree's top, and climbs 7 more folders from there: out of the root
+        folder = "m/n/o/p/q/r/s"
+        links = {f"{folder}/L": "/".join([".."] * 7), f"{folder}/E": "L/" + "/".join([".."] * 7)}
+        return ["import", str(tree_archive(ctx.folder / "through-link.tar.zst", links))]
+
     for kind, what in sorted(CRAFTED.items()):
         def make(ctx: Ctx, kind: str = kind) -> list[str]:
             return ["import", str(crafted(kind, ctx.folder / f"{kind}.tar.zst"))]
@@ -537,6 +568,15 @@ def _clear(run: Result, needles: tuple[str, ...]) -> list[str]:
     return problems
 
 
+def _facts(p: Path) -> tuple[int, int, int] | None:
+    """What a change to an input shows: its mtime, mode (a chmod) and inode (replaced); None once removed."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_mode, st.st_ino
+
+
 def run_case(case: Case, work: Path, root: Path, server: FileServer, env: dict[str, str]) -> Verdict:
     folder = work / case.id / "repo"
     outside = work / case.id / "outside"
@@ -548,11 +588,13 @@ def run_case(case: Case, work: Path, root: Path, server: FileServer, env: dict[s
     for d in (home, tmp, cwd):
         d.mkdir(exist_ok=True)
     before = store_listing(root)
-    inputs = {str(p): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
+    inputs = {str(p): _facts(p) for p in folder.rglob("*") if p.is_file() and not p.is_symlink()}
     audit = OutsideRootAudit(root, home=home, temp_dirs=[tmp], cwd=cwd, extra=[outside, folder])
     audit.start()
     start = time.monotonic()
-    run = cli.run(root, *args, "--json", env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, cwd=cwd)
+    # code=REPO: this checkout runs (its folder on the import path), not whichever hermetic is installed
+    run = cli.run(root, *args, "--json", env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, cwd=cwd,
+                  code=cli.REPO)
     seconds = time.monotonic() - start
     seen = audit.finish()
     first = next((ln for ln in run.err.splitlines() if ln.strip()), "").replace(str(work), "…")
@@ -569,7 +611,7 @@ def run_case(case: Case, work: Path, root: Path, server: FileServer, env: dict[s
         v.problems.append(f"the store changed: {changed} / tmp: {list((root / 'store' / 'tmp').iterdir())[:5]}")
     # inputs the case wrote are not outputs: only what appeared besides them counts
     v.outside_root = [p for p in seen["created"] + seen["changed"] + seen["removed"]
-                      if p not in inputs or os.stat(p).st_mtime_ns != inputs[p]]
+                      if p not in inputs or _facts(Path(p)) != inputs[p]]
     if v.outside_root:
         v.problems.append(f"written outside the root: {v.outside_root[:5]}")
     if any(outside.iterdir()):
@@ -605,7 +647,7 @@ def setup_root(root: Path, work: Path, env: dict[str, str], server: FileServer) 
                                           '  return PyModule_Create(&d);\n}\n')
     ctx = Ctx(folder, work / "valid-outside", server, root)
     args = ctx.build_recipe('[sources.s]\npath = "src"\n')
-    run = cli.run(root, *args, env=env, cwd=work)
+    run = cli.run(root, *args, env=env, cwd=work, code=cli.REPO)
     if run.rc != 0:
         raise RuntimeError(f"the valid build recipe failed:\n{run.err[-3000:]}")
 

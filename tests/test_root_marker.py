@@ -1,0 +1,138 @@
+"""The root marker (issue 34, item 4): a command makes a scratch root only in a missing or empty folder; a
+folder with files and no HERMETIC_ROOT marker is refused (exit 2) and left as it was. `gc --all` removes only
+a marked root and never /, the home folder, the current folder or a checkout; `export` writes nothing inside
+the root. An earlier hermetic's marker is upgraded to name the format on the next write.
+
+The mistyped path is a real folder of a user's files (a decoy), the commands the real CLI."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from hermetic.root import MARKER_TEXT, ROOT_MARKER, Root
+from tests.support.archives import honest_records, write_archive
+from tests.support.cli import Hermetic
+
+OLD_MARKER = b"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n"
+
+
+def _user_folder(path: Path) -> dict[str, bytes]:
+    """A folder of someone's files (the path a --root was mistyped as), and its contents."""
+    (path / "notes").mkdir(parents=True)
+    (path / "thesis.tex").write_text("\\chapter{One}\n")
+    (path / "notes" / "todo.txt").write_text("back up the thesis\n")
+    return _contents(path)
+
+
+def _contents(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else b"/") for p in sorted(path.rglob("*"))}
+
+
+def _archive(tmp_path: Path) -> Path:
+    return write_archive(tmp_path / "closure.tar.zst", *honest_records())
+
+
+def test_a_folder_with_files_and_no_marker_is_not_made_a_root(tmp_path: Path, hermetic: Hermetic) -> None:
+    """Before the fix, import (exit 0) wrote its store, roots and the marker into the user's folder, and the
+    next `gc --all` there deleted the user's files with it."""
+    folder = tmp_path / "Documents"
+    before = _user_folder(folder)
+    res = hermetic("import", _archive(tmp_path), root=folder)
+    assert res.rc == 2, (res.rc, res.err)
+    assert "not a hermetic scratch root" in res.err and str(folder) in res.err and "hint:" in res.err
+    assert "Traceback" not in res.err
+    assert _contents(folder) == before
+
+
+def test_gc_all_removes_only_a_marked_root(tmp_path: Path, hermetic: Hermetic) -> None:
+    """`hermetic --root DIR gc --all` where DIR is an ordinary folder: before the fix, DIR and the user's
+    files in it were deleted (exit 0)."""
+    folder = tmp_path / "photos"
+    before = _user_folder(folder)
+    for args in (("gc", "--all"), ("gc", "--all", "--dry-run")):
+        res = hermetic(*args, root=folder)
+        assert res.rc == 2 and "not a hermetic scratch root" in res.err, (args, res.rc, res.err)
+        assert _contents(folder) == before
+    # a real root goes whole; an empty folder is no root and is left
+    hermetic("import", _archive(tmp_path), root=tmp_path / "real", check=True)
+    assert hermetic("gc", "--all", root=tmp_path / "real").rc == 0 and not (tmp_path / "real").exists()
+    (tmp_path / "empty").mkdir()
+    assert hermetic("gc", "--all", root=tmp_path / "empty").rc == 0 and (tmp_path / "empty").is_dir()
+
+
+def test_gc_all_never_removes_home_the_current_folder_or_a_checkout(tmp_path: Path, hermetic: Hermetic) -> None:
+    """Each one marked the way an earlier hermetic marked any folder it wrote to (its marker proved nothing):
+    before the fix, gc --all removed each of them."""
+    home = Path(hermetic.env["HOME"])
+    checkout = tmp_path / "checkout"
+    (checkout / ".git").mkdir(parents=True)
+    for folder, why in ((home, "home folder"), (checkout, "repository checkout")):
+        (folder / ROOT_MARKER).write_bytes(OLD_MARKER)
+        (folder / "keep.txt").write_text("keep me\n")
+        res = hermetic("gc", "--all", root=folder)
+        assert res.rc == 2 and why in res.err, (folder, res.rc, res.err)
+        assert (folder / "keep.txt").read_text() == "keep me\n"
+
+
+def test_an_earlier_hermetics_marker_is_upgraded_on_the_next_write(tmp_path: Path, hermetic: Hermetic) -> None:
+    root = tmp_path / "old-root"
+    root.mkdir()
+    (root / ROOT_MARKER).write_bytes(OLD_MARKER)
+    (root / "store").mkdir()  # not empty: it was a root already
+    assert Root(root).marker_format() == 0
+    hermetic("import", _archive(tmp_path), root=root, check=True)
+    assert (root / ROOT_MARKER).read_bytes() == MARKER_TEXT and Root(root).marker_format() == 1
+
+
+def test_a_root_copied_without_its_marker_is_still_a_root_and_a_look_alike_is_not(tmp_path: Path,
+                                                                                 hermetic: Hermetic) -> None:
+    """Only a root's own folders, with the store's FORMAT: taken as a root whose marker was lost. A folder named
+    store without that file beside someone's files is not."""
+    copied = tmp_path / "copied"
+    hermetic("import", _archive(tmp_path), root=copied, check=True)
+    (copied / ROOT_MARKER).unlink()
+    assert hermetic("import", _archive(tmp_path), root=copied).rc == 0 and Root(copied).marker_format() == 1
+    lookalike = tmp_path / "lookalike"
+    before = _user_folder(lookalike)
+    (lookalike / "store").mkdir()
+    before = _contents(lookalike)
+    res = hermetic("import", _archive(tmp_path), root=lookalike)
+    assert res.rc == 2 and "not a hermetic scratch root" in res.err and _contents(lookalike) == before
+
+
+def test_roots_made_at_once_in_one_empty_folder_all_succeed(tmp_path: Path) -> None:
+    """The marker is written first, so a second process making the same root sees a root, not a folder of
+    someone else's files."""
+    for i in range(20):
+        folder = tmp_path / f"r{i}"
+        folder.mkdir()
+        errors: list[BaseException] = []
+
+        def make(folder: Path = folder, errors: list[BaseException] = errors) -> None:
+            try:
+                Root(folder).ensure()
+            except BaseException as e:  # collected for the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=make) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert (folder / ROOT_MARKER).read_bytes() == MARKER_TEXT
+
+
+def test_export_refuses_an_output_inside_the_root(tmp_path: Path, hermetic: Hermetic) -> None:
+    """Before the fix, `export ROOT/roots/crafted.json` overwrote that gc root with the archive (exit 0)."""
+    hermetic("import", _archive(tmp_path), check=True)
+    gc_root = hermetic.root / "roots" / "crafted.json"
+    before = gc_root.read_bytes()
+    for target in (gc_root, hermetic.root / "closure.tar.zst", hermetic.root / "receipts" / "x.tar.zst"):
+        res = hermetic("export", target)
+        assert res.rc == 2 and "inside the scratch root" in res.err, (target, res.rc, res.err)
+        assert not os.path.lexists(target) or target == gc_root
+    assert gc_root.read_bytes() == before
+    assert hermetic("export", tmp_path / "out.tar.zst").rc == 0
