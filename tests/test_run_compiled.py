@@ -138,7 +138,7 @@ def test_a_compiled_set_names_a_known_backend(tmp_path: Path) -> None:
         load_runner(runner)
 
 
-def test_graph_breaks_and_a_disabled_dynamo_are_caught_in_process() -> None:
+def test_graph_breaks_and_a_disabled_dynamo_are_caught_in_process(tmp_path: Path) -> None:
     """The counting backend itself (dynamo's eager backend stands in for Inductor: no C++ to wait for)."""
     script = """
 import json, torch, torch._dynamo
@@ -161,7 +161,7 @@ for _ in range(3):
     h(torch.ones(4))
 print(json.dumps({s.name: s.record() for s in (whole, broken, off)}))
 """
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": "/nonexistent-not-used"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     rec = json.loads(p.stdout.strip().splitlines()[-1])
