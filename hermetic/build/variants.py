@@ -51,6 +51,20 @@ class RecipeBuild:
     changed: bool = False
     explained: list[str] = field(default_factory=list)
 
+    @property
+    def decisions(self) -> dict[str, int]:
+        """How many objects of every module ended in each decision (``Decision``'s names): realize's counts."""
+        out: dict[str, int] = {}
+        for m in self.modules:
+            for d in m.choices:
+                out[d.decision] = out.get(d.decision, 0) + 1
+        return out
+
+    @property
+    def linked(self) -> int:
+        """How many modules were linked now (not found by their link key)."""
+        return sum(1 for m in self.modules if m.linked)
+
 
 def check_builds(recipe: Recipe) -> None:
     if recipe.toolchain is None or recipe.toolchain_lock is None:
@@ -93,7 +107,7 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
 
 def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
                    tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
-                   counts: dict[str, int], explain: bool, share: ObjectShare | None = None,
+                   explain: bool, share: ObjectShare | None = None,
                    on_compiles: Callable[[], None] | None = None,
                    confirm: Callable[[], None] | None = None) -> RecipeBuild:
     """Every extension of every variant: certified reuse, one build graph for all their compiles
@@ -131,12 +145,6 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
         v = per_variant.setdefault(job.variant.name, {"compiled": 0, "first_start_s": None, "last_end_s": None})
         v["plan_s"] = round(v.get("plan_s", 0.0) + job.timings.get("plan", 0.0), 4)
         v["link_s"] = round(v.get("link_s", 0.0) + job.timings.get("link", 0.0), 4)
-    # the decisions the no-op's counts name too (realize.noop.noop_counts), zero or not: both paths count alike
-    totals: dict[str, int] = {"compiled": 0, "reused": 0, "reused-variant": 0}
-    for m in modules:
-        for k, v in m.counts().items():
-            totals[k] = totals.get(k, 0) + v
-    counts.update({f"objects_{k}": v for k, v in totals.items()})
     explained = [(m.module, explain_line(m.module, d)) for m in modules for d in m.choices]
     for module, line in explained:
         if explain:  # asked for: data, on stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hermetic.errors import BadInput
-from hermetic.reporter import Reporter, plural, process_seconds
+from hermetic.reporter import Reporter, process_seconds
 from hermetic.root import Root
 from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
@@ -46,20 +46,14 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     else:
         reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
                                 "and hashes): nothing fetched, compiled or written")
-    c = outcome.counts
     verb = "realized" if outcome.changed else "up to date:"
-    objects = (f"; objects: {c.get('objects_compiled', 0)} compiled, {c.get('objects_reused', 0)} reused, "
-               f"{c.get('objects_reused-variant', 0)} reused across variants"
-               + (f", {c['objects_fetched-remote']} from the remote cache" if c.get("objects_fetched-remote") else "")
-               ) if "objects_objects" in c else ""
     # one duration: the receipt's total for a realize that ran its steps; a no-op's, this command's own
     seconds = outcome.timings.get("total", process_seconds())
-    reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} "
-                           f"({plural(c['wheels'], 'wheels')}: {c['fetched']} fetched, {c['unpacked']} unpacked, "
-                           f"{c['reused']} reused{objects}; {plural(c['files'], 'files')}"
+    reporter.event("done", f"{verb} {outcome.name} -> {outcome.profile} ({outcome.counts.say()}"
                            + (f"; {seconds:.1f} s)" if seconds is not None else ")"))
     reporter.result("realize", True, 0, recipe=outcome.name, profile=str(outcome.profile),
-                    tree=outcome.tree, changed=outcome.changed, counts=c, timings=outcome.timings,
+                    tree=outcome.tree, changed=outcome.changed, counts=outcome.counts.to_json(),
+                    timings=outcome.timings,
                     receipt=str(outcome.receipt) if outcome.receipt else None)
     return 0
 

@@ -42,7 +42,7 @@ from hermetic.errors import HermeticError
 from hermetic.interpreter import WHERE, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock, LockedWheel
-from hermetic.realize.noop import noop_check
+from hermetic.realize.noop import Counts, ObjectCounts, noop_check
 from hermetic.realize.pipeline import chosen_variants
 from hermetic.recipe import Recipe, load_recipe
 from hermetic.reporter import Reporter, plural
@@ -64,7 +64,7 @@ from hermetic.wheels.unpacked import (
 if TYPE_CHECKING:
     from hermetic.fetch.download import Fetcher
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2   # 2: the counts say "objects" (1: "objects_objects"), source archives' bytes not in them
 
 
 def dry_run(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
@@ -75,6 +75,7 @@ def dry_run(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str |
         reporter.detail("dry-run", f"removed {left}, left by a dry run that was killed")
     plan = Planner(replace(root, read_only=True), recipe_path, reporter, variant, offline).plan()
     say(plan, reporter)
+    plan = {**plan, "counts": plan["counts"].to_json()}
     fields = {"recipe": plan["recipe"], "profile": plan["profile"], "tree": plan["tree"],
               "changed": not plan["up_to_date"], "counts": plan["counts"], "timings": {}, "receipt": None,
               "dry_run": True, "plan": plan}
@@ -309,35 +310,32 @@ def _walk(folder: Path) -> list[str]:
     return [os.path.relpath(os.path.join(d, f), folder) for d, _dirs, files in os.walk(folder) for f in files]
 
 
-def _counts(plan: dict[str, Any]) -> dict[str, int]:
-    """The counts the realize's result would have (``fetched``, ``unpacked``, ``reused``, ``objects_*``)."""
+def _counts(plan: dict[str, Any]) -> Counts:
+    """The counts the realize's result would have: of wheels (a source archive's bytes are its line's own, as
+    a realize counts none), and for a recipe that builds, of objects by decision and of modules linked."""
     wheels = plan["wheels"]
     fetch = [w for w in wheels if w["action"] == "fetch"]
-    counts = {"wheels": len(wheels), "fetched": len(fetch),
-              "fetched_bytes": sum(w["bytes"] or 0 for w in fetch),
-              "unpacked": sum(1 for w in wheels if w["action"] in ("fetch", "unpack")),
-              "reused": sum(1 for w in wheels if w["action"] == "reuse")}
+    objects = None
     if plan["modules"]:
-        objects = [o for m in plan["modules"] for o in m["objects"]]
-        counts.update({"objects_objects": len(objects),
-                       "objects_compiled": sum(1 for o in objects if o["decision"] == "compiled"),
-                       "objects_reused": sum(1 for o in objects if o["decision"] == "reused"),
-                       "objects_reused-variant": sum(1 for o in objects if o["decision"] == "reused-variant"),
-                       "modules_linked": sum(1 for m in plan["modules"] if m["action"] == "link")})
-        sources = [s for s in plan["sources"] if s["action"] == "fetch"]
-        counts["fetched_bytes"] += sum(s["bytes"] or 0 for s in sources)
-    return counts
+        tally: dict[str, int] = {}
+        for o in (o for m in plan["modules"] for o in m["objects"]):
+            tally[o["decision"]] = tally.get(o["decision"], 0) + 1
+        objects = ObjectCounts.from_decisions(tally)
+    return Counts(len(wheels), len(fetch), sum(w["bytes"] or 0 for w in fetch),
+                  sum(1 for w in wheels if w["action"] in ("fetch", "unpack")),
+                  sum(1 for w in wheels if w["action"] == "reuse"), objects=objects,
+                  modules_linked=sum(1 for m in plan["modules"] if m["action"] == "link") if objects else None)
 
 
 # what it says ------------------------------------------------------------------------------------------------
 def say(plan: dict[str, Any], reporter: Reporter) -> None:
     """The plan as data (stdout): a line per wheel and source to fetch, unpack or prepare, a line per module, a
     line per object with -v, and the totals."""
-    c = plan["counts"]
+    c: Counts = plan["counts"]
     if plan["up_to_date"]:
-        objects = (f"; {plural(c.get('objects_objects', 0), 'objects')} reused" if "objects_objects" in c else "")
+        objects = f"; {plural(c.objects.total, 'objects')} reused" if c.objects is not None else ""
         reporter.data("plan", f"dry run: {plan['recipe']} is up to date: nothing would be fetched, unpacked or "
-                              f"compiled ({plural(c.get('wheels', 0), 'wheels')} reused{objects}); nothing written")
+                              f"compiled ({plural(c.wheels, 'wheels')} reused{objects}); nothing written")
         return
     lines = [f"dry run: realize {plan['recipe']} -> {plan['profile']} (nothing written)"]
     for w in plan["wheels"]:
@@ -367,12 +365,13 @@ def say(plan: dict[str, Any], reporter: Reporter) -> None:
                       for o in objs]
     lines += [f"  note: {n}" for n in plan["notes"]]
     unknown = plan["fetch_bytes_unknown"]
-    total = f"fetch {plural(c['fetched'], 'wheels')} ({_size(c['fetched_bytes'])}" + \
+    total = f"fetch {plural(c.fetched, 'wheels')} ({_size(c.fetched_bytes)}" + \
         (f", and {unknown} of unknown size)" if unknown else ")")
-    objects = (f"; compile {plural(c['objects_compiled'], 'objects')}, reuse {c['objects_reused']}, reuse "
-               f"{c['objects_reused-variant']} across variants; link {plural(c['modules_linked'], 'modules')}"
-               if "objects_objects" in c else "")
-    lines.append(f"would {total}, unpack {c['unpacked']}, reuse {c['reused']}{objects}")
+    o = c.objects
+    objects = (f"; compile {plural(o.compiled + o.uncacheable, 'objects')}, reuse {o.reused}, reuse "
+               f"{o.reused_variant} across variants; link {plural(c.modules_linked or 0, 'modules')}"
+               if o is not None else "")
+    lines.append(f"would {total}, unpack {c.unpacked}, reuse {c.reused}{objects}")
     reporter.data("plan", "\n".join(lines))
 
 

@@ -15,13 +15,119 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hermetic import fs
+from hermetic.reporter import plural
 from hermetic.root import Root
 from hermetic.store import Store
+
+# The one place a count's key is spelled (tests/test_shape.py): (attribute, JSON key). An object key is
+# "objects_" and the compile room's decision (``build.objects.Decision``), so the two vocabularies meet here.
+WHEEL_KEYS = (("wheels", "wheels"), ("fetched", "fetched"), ("fetched_bytes", "fetched_bytes"),
+              ("unpacked", "unpacked"), ("reused", "reused"), ("files", "files"))
+OBJECT_KEYS = (("compiled", "objects_compiled"), ("uncacheable", "objects_compiled-uncacheable"),
+               ("reused", "objects_reused"), ("reused_variant", "objects_reused-variant"),
+               ("fetched_remote", "objects_fetched-remote"))
+TOTAL_KEY, LINKED_KEY = "objects", "modules_linked"
+LEGACY = {"objects_objects": TOTAL_KEY}   # receipts and no-op records before receipt format 2
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"a count is a whole number, not {value!r}")
+    return value
+
+
+class ObjectCounts:
+    """What became of a realize's objects: a count per decision (plain slots: the no-op creates it)."""
+    __slots__ = ("compiled", "uncacheable", "reused", "reused_variant", "fetched_remote")
+
+    def __init__(self, compiled: int = 0, uncacheable: int = 0, reused: int = 0, reused_variant: int = 0,
+                 fetched_remote: int = 0) -> None:
+        self.compiled, self.uncacheable, self.reused = compiled, uncacheable, reused
+        self.reused_variant, self.fetched_remote = reused_variant, fetched_remote
+
+    @property
+    def total(self) -> int:
+        return self.compiled + self.uncacheable + self.reused + self.reused_variant + self.fetched_remote
+
+    @classmethod
+    def from_decisions(cls, tally: Mapping[str, int]) -> ObjectCounts:
+        """From a tally by decision, as the compile room counts them (``{"compiled": 3, "reused-variant": 1}``)."""
+        return cls(**{attr: int(tally.get(key.removeprefix("objects_"), 0)) for attr, key in OBJECT_KEYS})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectCounts) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
+
+    def __repr__(self) -> str:
+        return "ObjectCounts(" + ", ".join(f"{a}={getattr(self, a)}" for a in self.__slots__) + ")"
+
+
+class Counts:
+    """What a realize did, or would do: the receipt's, the no-op record's, the dry run's and the result's counts,
+    in one JSON form (``to_json``). ``objects`` and ``modules_linked`` are None for a recipe that builds nothing
+    (no object keys in the JSON); for one that builds, every object key is there, zero or not."""
+    __slots__ = ("wheels", "fetched", "fetched_bytes", "unpacked", "reused", "files", "objects", "modules_linked")
+
+    def __init__(self, wheels: int = 0, fetched: int = 0, fetched_bytes: int = 0, unpacked: int = 0,
+                 reused: int = 0, files: int = 0, objects: ObjectCounts | None = None,
+                 modules_linked: int | None = None) -> None:
+        self.wheels, self.fetched, self.fetched_bytes = wheels, fetched, fetched_bytes
+        self.unpacked, self.reused, self.files = unpacked, reused, files
+        self.objects = objects
+        self.modules_linked = modules_linked if modules_linked is not None or objects is None else 0
+
+    def to_json(self) -> dict[str, int]:
+        out = {key: getattr(self, attr) for attr, key in WHEEL_KEYS}
+        if self.objects is not None:
+            out[TOTAL_KEY] = self.objects.total
+            out.update({key: getattr(self.objects, attr) for attr, key in OBJECT_KEYS})
+            out[LINKED_KEY] = self.modules_linked or 0
+        return out
+
+    @classmethod
+    def from_json(cls, value: object) -> Counts:
+        """A counts block as any hermetic wrote it: a missing key is 0, an unknown one (a newer hermetic's)
+        ignored, ``objects_objects`` read as ``objects``; ValueError for one that is not a count."""
+        if not isinstance(value, dict):
+            raise ValueError(f"counts are a JSON object, not {type(value).__name__}")
+        value = {LEGACY.get(k, k): v for k, v in value.items()}
+        wheels = {attr: _count(value.get(key, 0)) for attr, key in WHEEL_KEYS}
+        objects = None
+        if TOTAL_KEY in value or any(key in value for _a, key in OBJECT_KEYS):
+            objects = ObjectCounts(**{attr: _count(value.get(key, 0)) for attr, key in OBJECT_KEYS})
+            _count(value.get(TOTAL_KEY, 0))   # the sum of the others: read as a check only
+        linked = _count(value[LINKED_KEY]) if LINKED_KEY in value else None
+        return cls(**wheels, objects=objects, modules_linked=linked)
+
+    def noop(self) -> Counts:
+        """The counts of a realize that changed nothing, from the last one that did: every wheel reused, every
+        object reused as it would be found now (another variant's object still counts across variants)."""
+        objects = None
+        if self.objects is not None:
+            across = self.objects.reused_variant
+            objects = ObjectCounts(reused=self.objects.total - across, reused_variant=across)
+        return Counts(self.wheels, reused=self.wheels, files=self.files, objects=objects,
+                      modules_linked=0 if objects is not None else None)
+
+    def say(self) -> str:
+        """The counts as the command's closing line says them."""
+        o = self.objects
+        objects = "" if o is None else (
+            f"; objects: {o.compiled} compiled, {o.reused} reused, {o.reused_variant} reused across variants"
+            + (f", {o.fetched_remote} from the remote cache" if o.fetched_remote else ""))
+        return (f"{plural(self.wheels, 'wheels')}: {self.fetched} fetched, {self.unpacked} unpacked, "
+                f"{self.reused} reused{objects}; {plural(self.files, 'files')}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Counts) and all(getattr(self, a) == getattr(other, a) for a in self.__slots__)
+
+    def __repr__(self) -> str:
+        return "Counts(" + ", ".join(f"{a}={getattr(self, a)!r}" for a in self.__slots__) + ")"
 
 
 @dataclass
@@ -31,7 +137,7 @@ class Outcome:
     profile: Path
     tree: str
     entries: list[str]
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Counts = field(default_factory=Counts)
     timings: dict[str, float] = field(default_factory=dict)
     receipt: Path | None = None
     changed: bool = False
@@ -73,7 +179,8 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: lis
     except FileNotFoundError:   # `gc --drop-root` forgot the recipe meanwhile: no no-op for what is forgotten
         return
     value: dict[str, Any] = {
-             "name": outcome.name, "tree": outcome.tree, "entries": outcome.entries, "counts": outcome.counts,
+             "name": outcome.name, "tree": outcome.tree, "entries": outcome.entries,
+             "counts": outcome.counts.to_json(),
              "profile": profile, "receipt": str(outcome.receipt) if outcome.receipt else None,
              "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda,
              "local": hashes, "host": host_files}
@@ -119,20 +226,6 @@ def _same_bytes(root: Root, recipe_path: Path, variant: str | None) -> Outcome |
     return outcome
 
 
-def noop_counts(counts: dict[str, Any]) -> dict[str, int]:
-    """The counts of a realize that changed nothing, from the last one that did: every wheel reused, every
-    object reused as it would be found now (another variant's object still counts across variants)."""
-    wheels = int(counts.get("wheels", 0))
-    out = {"wheels": wheels, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": wheels,
-           "files": int(counts.get("files", 0))}
-    if "objects_objects" in counts:
-        n = int(counts["objects_objects"])
-        across = int(counts.get("objects_reused-variant", 0))
-        out.update({"objects_objects": n, "objects_reused": n - across, "objects_reused-variant": across,
-                    "objects_compiled": 0})
-    return out
-
-
 def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | None:
     try:
         store = Store(root.store)
@@ -150,7 +243,7 @@ def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | 
             # and this record) put the root back: realize again, which writes a receipt this record names
             return None
         return Outcome(state["name"], fs.resolve(recipe_path), profile, state["tree"], list(state["entries"]),
-                       noop_counts(state["counts"]), {}, receipt, changed=False, python=state["python"],
+                       Counts.from_json(state["counts"]).noop(), {}, receipt, changed=False, python=state["python"],
                        archs=list(state["archs"]), cuda=state["cuda"])
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # a record of another shape: re-derive it

@@ -33,7 +33,7 @@ from hermetic.errors import BadInput, HermeticError
 from hermetic.interpreter import WHERE, Interpreter, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
-from hermetic.realize.noop import Outcome, record_inputs
+from hermetic.realize.noop import Counts, ObjectCounts, Outcome, record_inputs
 from hermetic.realize.receipt import write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
@@ -44,7 +44,7 @@ from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
 from hermetic.wheels.scripts import launchers, with_shebangs
-from hermetic.wheels.unpacked import Unpacked, fetch_and_unpack, offline_error, offline_missing
+from hermetic.wheels.unpacked import Unpacked, WheelTally, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
     from hermetic.build.host import Qualifying
@@ -127,7 +127,7 @@ class Realization:
         self.variant, self.explain, self.remote_options, self.offline = variant, explain, remote, offline
         self.started = self.lap_started = time.monotonic()
         self.timings: dict[str, float] = {}
-        self.counts: dict[str, int] = {"wheels": 0, "fetched": 0, "fetched_bytes": 0, "unpacked": 0, "reused": 0}
+        self.tally = WheelTally()
         self.report: dict[str, Any] = {}
         self.audit = OutsideRootAudit(root.path)   # what children leave outside the root
         self.audit.start()
@@ -204,11 +204,12 @@ class Realization:
         if self.offline and (missing := [*offline_missing(self.store, self.locks, tags),
                                          *offline_missing(self.store, self.toolchain_locks(), tags)]):
             raise offline_error(missing)  # every missing wheel of every lock named at once, before any work
-        self.unpacked = fetch_and_unpack(self.root, self.store, self.locks, self.reporter, self.counts, self.share,
-                                         tags, offline=self.offline)
+        self.unpacked, self.tally = fetch_and_unpack(self.store, self.locks, self.reporter, self.share, tags,
+                                                     offline=self.offline)
         if self.toolchain_lock is not None:
-            self.toolchain_unpacked = fetch_and_unpack(self.root, self.store, [self.toolchain_lock], self.reporter,
-                                                       self.counts, self.share, tags, offline=self.offline)
+            self.toolchain_unpacked, tc_tally = fetch_and_unpack(self.store, [self.toolchain_lock], self.reporter,
+                                                                 self.share, tags, offline=self.offline)
+            self.tally += tc_tally
         self.lap("fetch")
 
     def toolchain(self) -> None:
@@ -244,7 +245,7 @@ class Realization:
         self.import_check = ImportCheck(self.root, self.facts["executable"], self.root.profiles / self.name,
                                         build_env(self.root, self.tc.info))
         self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
-                                    self.trees, self.reporter, self.counts, self.explain, self.share,
+                                    self.trees, self.reporter, self.explain, self.share,
                                     on_compiles=None if self.unpacked else self.import_check.start,
                                     confirm=self.confirm_facts)
         self.report.update(self.built.report)
@@ -282,15 +283,18 @@ class Realization:
         self.report["schedule"]["import_check_s"] = self.timings["check"]
 
     def receipt(self) -> Outcome:
-        self.counts["files"] = len(self.files)
+        t = self.tally
+        counts = Counts(t.wheels, t.fetched, t.fetched_bytes, t.unpacked, t.reused, len(self.files),
+                        ObjectCounts.from_decisions(self.built.decisions) if self.built is not None else None,
+                        self.built.linked if self.built is not None else None)
         if self.share is not None:
             self.report["remote"] = self.share.summary()
             self.share.close()
         entries = sorted({self.tree, *split_refs(self.refs)[0]})
         changed = (self.built is not None and self.built.changed) or self.tree_built \
-            or self.counts["fetched"] > 0 or self.counts["unpacked"] > 0
+            or t.fetched > 0 or t.unpacked > 0
         tc = self.recipe.toolchain
-        outcome = Outcome(self.name, self.recipe.path, self.profile, self.tree, entries, self.counts, self.timings,
+        outcome = Outcome(self.name, self.recipe.path, self.profile, self.tree, entries, counts, self.timings,
                           changed=changed, python=self.recipe.python, archs=list(tc.archs) if tc else [],
                           cuda=tc.cuda if tc else None)
         self.reporter.event("phase", phase="receipt")

@@ -13,6 +13,8 @@ from hermetic.realize.noop import Outcome
 from hermetic.root import Root
 from hermetic.wheels.unpacked import Unpacked
 
+RECEIPT_FORMAT = 2   # 2: the counts say "objects" (1: "objects_objects"), every object count and "modules_linked"
+
 
 def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: list[Unpacked],
                   report: dict[str, Any]) -> Path:
@@ -20,7 +22,7 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
     uname = os.uname()  # platform.platform() also reads the interpreter's binary for its libc: too slow here
     python = report.get("interpreter") or {}  # the recipe's; a build's qualification (report["host"]) says more
     body: dict[str, Any] = {
-        "format": 1, "kind": "realize", "hermetic": __version__,
+        "format": RECEIPT_FORMAT, "kind": "realize", "hermetic": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": {"name": outcome.name, "path": str(outcome.recipe_path),
                    "sha256": fs.sha256_file(outcome.recipe_path)[0]},
@@ -31,7 +33,7 @@ def write_receipt(root: Root, outcome: Outcome, locks: list[Lock], unpacked: lis
         "wheels": [{"entry": u.entry, "sha256": u.wheel_sha256} for u in unpacked],
         "tree": outcome.tree, "profile": str(outcome.profile),
         "refs": [f"entry:{e}" for e in outcome.entries],
-        "counts": outcome.counts, "timings": outcome.timings, **report,
+        "counts": outcome.counts.to_json(), "timings": outcome.timings, **report,
     }
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     digest = fs.sha256_bytes(fs.canonical_json(body))[:12]

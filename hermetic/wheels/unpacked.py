@@ -18,7 +18,6 @@ from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.keys import unpacked_key
 from hermetic.locks.types import Lock, LockedWheel
 from hermetic.reporter import Reporter, plural
-from hermetic.root import Root
 from hermetic.store import Staging, Store, entry_name
 from hermetic.store.records import EntryPoint
 from hermetic.store.substitute import Substituter
@@ -38,6 +37,20 @@ class Unpacked:
     scripts: tuple[EntryPoint, ...] = ()
     filename: str = ""
     shebangs: tuple[str, ...] = ()   # its scripts whose first line is #!python (wheels.scripts.with_shebangs)
+
+
+class WheelTally:
+    """What became of a realize's locked wheels (realize turns it into its ``Counts``)."""
+    __slots__ = ("wheels", "fetched", "fetched_bytes", "unpacked", "reused")
+
+    def __init__(self) -> None:
+        self.wheels = self.fetched = self.fetched_bytes = self.unpacked = self.reused = 0
+
+    def __add__(self, other: WheelTally) -> WheelTally:
+        out = WheelTally()
+        for a in self.__slots__:
+            setattr(out, a, getattr(self, a) + getattr(other, a))
+        return out
 
 
 def unpacked_entry_name(wheel_sha256: str, label: str) -> str:
@@ -70,14 +83,14 @@ def offline_error(missing: Sequence[tuple[str, str]]) -> PreconditionFailed:
 
 def offline_missing(store: Store, locks: list[Lock], tags: Sequence[str] | None = None) -> list[tuple[str, str]]:
     """(label, where) of each locked wheel neither unpacked nor stored: what an offline realize cannot get."""
-    get = _Acquire(store, Reporter(quiet=True), {}, None, _Accepts(tags), True)
+    get = _Acquire(store, Reporter(quiet=True), WheelTally(), None, _Accepts(tags), True)
     return [(wheel_label(w), w.where) for w in _unique_wheels(locks)
             if _existing_unpacked(store, w, get.accepts) is None and get.stored(w) is None]
 
 
-def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Reporter,
-                     counts: dict[str, int], share: Substituter | None = None,
-                     tags: Sequence[str] | None = None, *, offline: bool = False) -> list[Unpacked]:
+def fetch_and_unpack(store: Store, locks: list[Lock], reporter: Reporter, share: Substituter | None = None,
+                     tags: Sequence[str] | None = None, *, offline: bool = False
+                     ) -> tuple[list[Unpacked], WheelTally]:
     """Each locked wheel unpacked in the store for the interpreter of ``tags`` (best first; None: the one
     running hermetic), fetching only what is missing.
 
@@ -87,9 +100,11 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
     The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
     download and unpack each wheel once; the others wait and reuse it. ``offline``: nothing is fetched; a
     wheel neither unpacked nor stored is a failed precondition naming every such wheel, before any work.
+    Returns the unpacked entries and what it did.
     """
     wheels = _unique_wheels(locks)
-    counts["wheels"] += len(wheels)
+    counts = WheelTally()
+    counts.wheels = len(wheels)
     out: list[Unpacked] = []
     get = _Acquire(store, reporter, counts, None if offline else share, _Accepts(tags), offline)
     if offline and (missing := offline_missing(store, locks, tags)):
@@ -106,7 +121,7 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
         found = present[w]
         if found is not None:
             out.append(found)
-            counts["reused"] += 1
+            counts.reused += 1
             continue
         # A pin with the hashes of several files means the one this interpreter installs: which one is known
         # only once it is found, and the entry is named by that file (not by the lock's first hash).
@@ -125,12 +140,12 @@ def fetch_and_unpack(root: Root, store: Store, locks: list[Lock], reporter: Repo
                     raise
                 if fresh is not None and share is not None:
                     share.upload_blob(fresh.name)  # only once it unpacked whole: no hostile wheel for the team
-                counts["unpacked"] += 1
+                counts.unpacked += 1
                 reporter.event("unpacked", f"unpacked {filename}", wheel=filename)
             else:
-                counts["reused"] += 1
+                counts.reused += 1
         out.append(load_unpacked(store, name))
-    return sorted(out, key=lambda u: u.entry)
+    return sorted(out, key=lambda u: u.entry), counts
 
 
 def _make_fetcher(store: Store, reporter: Reporter, tags: Sequence[str] | None) -> Fetcher:
@@ -144,7 +159,7 @@ class _Acquire:
     (requests and pip's configuration are loaded only when a fetch is needed). Returns (blob, file name, the
     blob when fetched just now)."""
 
-    def __init__(self, store: Store, reporter: Reporter, counts: dict[str, int], share: Substituter | None,
+    def __init__(self, store: Store, reporter: Reporter, counts: WheelTally, share: Substituter | None,
                  accepts: _Accepts, offline: bool = False) -> None:
         self.store, self.reporter, self.counts, self.share, self.accepts = store, reporter, counts, share, accepts
         self.offline = offline
@@ -166,8 +181,8 @@ class _Acquire:
             blob = store.blob_path(shared)            # from the remote cache, verified
             size = blob.stat().st_size
             share.counts["wheels_fetched"] += 1
-            counts["fetched"] += 1
-            counts["fetched_bytes"] += size
+            counts.fetched += 1
+            counts.fetched_bytes += size
             self.reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
                                 wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
         if blob is not None:
@@ -200,12 +215,12 @@ class _Accepts:
 
 
 def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
-           counts: dict[str, int]) -> tuple[Path, str]:
+           counts: WheelTally) -> tuple[Path, str]:
     got = fetcher.fetch(w)
     store.pin_blob(got.sha256)
     blob = store.put_blob_file(got.path, got.sha256)
-    counts["fetched"] += 1
-    counts["fetched_bytes"] += got.size
+    counts.fetched += 1
+    counts.fetched_bytes += got.size
     reporter.event("fetched", f"fetched {got.filename} ({got.size} bytes)", wheel=got.filename,
                    sha256=got.sha256, bytes=got.size)
     return blob, got.filename

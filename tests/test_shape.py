@@ -1,0 +1,55 @@
+"""The shape rules of issue 42, beside tests/test_architecture.py's (which stay as they are): the pipelines pass
+values, and what they pass is spelled once. Each rule has a self-check on a snippet, so that it can fail."""
+
+from __future__ import annotations
+
+import ast
+
+from hermetic.realize.noop import LEGACY, LINKED_KEY, OBJECT_KEYS, TOTAL_KEY, WHEEL_KEYS
+from tests.support.cli import REPO
+
+PACKAGE = REPO / "hermetic"
+COUNTS_MODULE = "hermetic/realize/noop.py"
+
+
+def _sources() -> dict[str, ast.Module]:
+    return {p.relative_to(REPO).as_posix(): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+# --- each count key is spelled in one module -------------------------------------------------------------------
+
+# the keys of ``Counts`` that no other record uses for something else: with a "_" or a "-" ("wheels", "reused" or
+# "files" also name events and fields of other records)
+COUNT_KEYS = sorted({key for _a, key in (*WHEEL_KEYS, *OBJECT_KEYS) if "_" in key or "-" in key}
+                    | {LINKED_KEY, *LEGACY})
+
+
+def count_key_spellings(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every string that spells a count key, and of every f-string that builds one (attribute
+    names in ``__slots__`` are no keys)."""
+    slots = {id(n) for a in ast.walk(tree) if isinstance(a, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in a.targets) for n in ast.walk(a.value)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in slots:
+            continue
+        if isinstance(node, ast.Constant) and node.value in COUNT_KEYS:
+            found.append((node.lineno, repr(node.value)))
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+                and str(node.values[0].value).startswith(("objects_", "modules_")):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_the_count_key_check_sees_each_spelling() -> None:
+    code = ('c["objects_compiled"]\nc.get("objects_reused-variant", 0)\nf"objects_{k}"\n{"modules_linked": 1}\n'
+            '"objects_objects" in c\n"objects"\n"wheels"\nf"{n} objects"\n__slots__ = ("fetched_bytes",)\n')
+    assert [line for line, _ in count_key_spellings(ast.parse(code))] == [1, 2, 3, 4, 5]
+
+
+def test_each_count_key_is_spelled_in_one_module() -> None:
+    assert TOTAL_KEY == "objects" and "objects_compiled" in COUNT_KEYS
+    offenders = [f"{rel}:{line}: {what}" for rel, tree in _sources().items() if rel != COUNTS_MODULE
+                 for line, what in count_key_spellings(tree)]
+    assert not offenders, f"count keys are spelled in {COUNTS_MODULE} only (realize.noop.Counts):\n" + \
+        "\n".join(offenders)
