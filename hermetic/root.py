@@ -55,7 +55,7 @@ class Cache:
 CACHES = {c.name: c for c in (
     Cache("realize", 1, "no-op records: the fingerprints of a realize's inputs and what it produced"),
     Cache("locks", 2, "parsed locks per interpreter, while the lock file and the interpreter are unchanged"),
-    Cache("interpreters", 4, "host interpreter facts (qualification: torch, triton), while the interpreter, torch and "
+    Cache("interpreters", 5, "host interpreter facts (qualification: torch, triton), while the interpreter, torch and "
                              "triton are unchanged"),
     Cache("pythons", 2, "a recipe's interpreter: version, tags, markers and scheme (asked with hermetic's own "
                         "packaging), while the interpreter and that packaging are unchanged"),

@@ -168,7 +168,7 @@ ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixtur
     True, False, False)
 """
     env = {**os.environ, "CUDA_HOME": str(cuda_home), "TORCH_CUDA_ARCH_LIST": "9.0",
-           "CUDA_INC_PATH": facts["torch"]["nvidia_include"],
+           "CUDA_INC_PATH": facts.torch.nvidia_include,
            "TORCH_NO_COMPILER_WRAPPER": "1"}  # torch would put a ccache or sccache found on PATH in front
     env.pop("CXX", None)
     env.pop("CC", None)

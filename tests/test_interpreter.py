@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.host import host_record, qualify
+from hermetic.build.host import qualify
 from hermetic.errors import PreconditionFailed
 from hermetic.root import Root
 from hermetic.store.archive import _check_hosts
@@ -221,10 +221,11 @@ def test_qualification_records_triton_beside_torch(tmp_path: Path) -> None:
     triton = pytest.importorskip("triton")
     from importlib.metadata import version
     facts = qualify(Root(tmp_path / "root"), None, need_torch=True)
-    assert facts["triton"]["version"] == version("triton") == triton.__version__
-    assert facts["torch"]["version"]
-    record = host_record(facts)
-    assert record["triton"] == facts["triton"]["version"] and record["torch"] == facts["torch"]["version"]
+    assert facts.triton is not None and facts.torch is not None
+    assert facts.triton.version == version("triton") == triton.__version__
+    assert facts.torch.version
+    record = facts.record()
+    assert record["triton"] == facts.triton.version and record["torch"] == facts.torch.version
     # an imported closure built with another triton is refused, with both named
     other = {**record, "triton": "0.0.1"}
     with pytest.raises(PreconditionFailed) as info:

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hermetic.build.host import _differ, _run_probe, guess_facts
+from hermetic.build.host import HostFacts, _run_probe, guess_facts
 from hermetic.root import Root
 from tests.support import cli
 from tests.support.cli import REPO, hermetic_env
@@ -68,8 +68,9 @@ def test_the_guess_is_what_the_probe_says(tmp_path: Path) -> None:
     guess = guess_facts(exe)
     found, output = _run_probe(root, exe)
     assert guess is not None and found is not None, output[-2000:]
-    assert _differ(guess, found) == [] and guess == found
-    assert guess["torch"]["include"] and guess["torch"]["common_nvcc_flags"]
+    probed = HostFacts.from_json(found)
+    assert guess.differences(probed) == [] and guess == probed and guess.to_json() == found
+    assert guess.torch is not None and guess.torch.include and guess.torch.common_nvcc_flags
     # another interpreter than hermetic's own: no guess (its sysconfig is not this process's)
     other = shutil.which("python3.12") or shutil.which("python3.13")
     assert other is not None

@@ -53,3 +53,42 @@ def test_each_count_key_is_spelled_in_one_module() -> None:
                  for line, what in count_key_spellings(tree)]
     assert not offenders, f"count keys are spelled in {COUNTS_MODULE} only (realize.noop.Counts):\n" + \
         "\n".join(offenders)
+
+
+# --- host facts are read by key in build/host.py only -----------------------------------------------------------
+
+HOST_MODULE = "hermetic/build/host.py"
+HOST_NAMES = ("facts", "host")
+
+
+def _named(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in HOST_NAMES or \
+        isinstance(node, ast.Attribute) and node.attr in HOST_NAMES
+
+
+def host_key_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every ``facts["k"]``, ``facts.get("k")``, ``host["k"]`` and ``host.get("k")``, on a name or
+    an attribute so named: the host facts read by string key (build.host.HostFacts has attributes)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and _named(node.value) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and _named(node.func.value) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_the_host_facts_check_sees_each_read() -> None:
+    code = ('facts["torch"]\nfacts.get("executable")\nself.facts["ext_suffix"]\nhost.get("torch")\nr.host["python"]\n'
+            'facts[k]\nfacts.get(path)\nother["torch"]\nhost.torch\nfacts.items()\n')
+    assert [line for line, _ in host_key_reads(ast.parse(code))] == [1, 2, 3, 4, 5]
+
+
+def test_no_module_but_build_host_reads_host_facts_by_key() -> None:
+    offenders = [f"{rel}:{line}: {what}" for rel, tree in _sources().items() if rel != HOST_MODULE
+                 for line, what in host_key_reads(tree)]
+    assert not offenders, f"host facts are read through build.host.HostFacts, by key only in {HOST_MODULE}:\n" + \
+        "\n".join(offenders)

@@ -6,11 +6,11 @@ Stored zstd-compressed as a blob; the receipt holds the sha256 of its uncompress
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict, cast
+from typing import TypedDict, cast
 
 import zstandard
 
-from hermetic.build.host import host_identity
+from hermetic.build.host import HostFacts
 from hermetic.build.objects import ObjectChoice, stored_blob
 from hermetic.build.plan import BuildPlan
 from hermetic.keys import PrefixMap
@@ -59,7 +59,7 @@ class Certificate(TypedDict):
     objects: list[CertifiedObject]
 
 
-def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[str, Any],
+def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, host: HostFacts,
                 toolchain_id: ToolchainId, choices: list[ObjectChoice], so_digest: str,
                 module: ModuleBuild, pmap: PrefixMap) -> Certificate:
     objects: list[CertifiedObject] = []
@@ -72,7 +72,7 @@ def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, facts: dict[s
                         "inputs": rec["inputs"] if rec else [], "path_bound": d.compile.path_bound,
                         "waited_for": d.waited_for, "cost": rec.get("cost") if rec else None})
     return {"format": CERTIFICATE_FORMAT, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
-            "host": host_identity(facts), "toolchain": toolchain_id, "module_sha256": so_digest,
+            "host": host.identity(), "toolchain": toolchain_id, "module_sha256": so_digest,
             "link": list(plan.link_argv), "module_build": module, "prefix_map": pmap.record(), "objects": objects}
 
 

@@ -10,13 +10,13 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zstandard
 
 from hermetic import fs
 from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
-from hermetic.build.host import host_identity, host_record
+from hermetic.build.host import HostFacts
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
 from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
@@ -96,7 +96,7 @@ class ModuleJob:
 
 
 def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
-                facts: dict[str, Any], tc: ToolchainInfo | None, toolchain_id: ToolchainId,
+                host: HostFacts, tc: ToolchainInfo | None, toolchain_id: ToolchainId,
                 src_root: Path, tree_files: list[str], reporter: Reporter, hasher: InputHasher,
                 share: ObjectShare | None = None) -> ModuleJob:
     """Plan one module's commands and decide each object the store (or the remote) has: placed where the link
@@ -106,11 +106,11 @@ def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, varian
     build_dir.mkdir(parents=True, exist_ok=True)
     archs = recipe.toolchain.archs if recipe.toolchain else ()
     cuda_home = tc.cuda_home if tc else None
-    pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, facts)
-    plan = plan_extension(ext, variant, facts, cuda_home, archs, src_root, tree_files, build_dir, pmap,
+    pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, host)
+    plan = plan_extension(ext, variant, host, cuda_home, archs, src_root, tree_files, build_dir, pmap,
                           objdir_temps=bool(tc and tc.objdir_temps))
     env = build_env(root, tc)
-    cache = ObjectCache(root, store, toolchain_id, env, host_identity(facts), pmap, hasher)
+    cache = ObjectCache(root, store, toolchain_id, env, host.identity(), pmap, hasher)
     choices = [cache.find(c) for c in plan.compiles]
     if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
         fetched = share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
@@ -134,14 +134,14 @@ def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, varian
     return job
 
 
-def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, facts: dict[str, Any],
+def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, host: HostFacts,
                   toolchain_id: ToolchainId, reporter: Reporter, share: ObjectShare | None = None) -> BuiltModule:
     """Every object decided: share what the remote lacks, link (or reuse the module), write the certificate."""
     started = time.monotonic()
     if share is not None:  # compiled here or reused from this store: share what the remote lacks
         share.upload_objects([d.record for d in job.choices
                               if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
-    built = _link_and_certify(root, store, recipe, job.variant, job.plan, facts, job.choices, job.env,
+    built = _link_and_certify(root, store, recipe, job.variant, job.plan, host, job.choices, job.env,
                               toolchain_id, job.pmap, reporter, share)
     job.timings["link"] = round(time.monotonic() - started, 4)
     return built
@@ -215,25 +215,25 @@ def previous_objects(store: Store, certificate_blob: object) -> dict[str, Object
         return {}
 
 
-def module_key(plan: BuildPlan, facts: dict[str, Any], toolchain_id: ToolchainId, pmap: PrefixMap,
+def module_key(plan: BuildPlan, host: HostFacts, toolchain_id: ToolchainId, pmap: PrefixMap,
                digests: list[str]) -> tuple[str, str]:
     """(the link's key, the module's entry name): the host, the toolchain, the canonical link command and the
     objects' digests, in the plan's order."""
     paths = {c.object for c in plan.compiles} | {plan.output}  # build-folder paths leave the key
     link_key_argv = pmap.canonical(["<OBJ>" if a in paths else a for a in plan.link_argv])
-    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host_identity(facts),
+    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host.identity(),
                                              "toolchain": toolchain_id, "link": link_key_argv,
                                              "objects": digests}))
     return key, entry_name(key, f"mod-{plan.module}")
 
 
 def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
-                      facts: dict[str, Any], choices: list[ObjectChoice], env: dict[str, str],
+                      host: HostFacts, choices: list[ObjectChoice], env: dict[str, str],
                       toolchain_id: ToolchainId, pmap: PrefixMap, reporter: Reporter,
                       share: ObjectShare | None) -> BuiltModule:
     digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in choices]
-    key, name = module_key(plan, facts, toolchain_id, pmap, digests)
-    filename = plan.module + facts["ext_suffix"]
+    key, name = module_key(plan, host, toolchain_id, pmap, digests)
+    filename = plan.module + host.ext_suffix
     linked = False
     reporter.event("phase", phase="linking")
     _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use
@@ -248,7 +248,7 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
                 so_digest, producer = shared
             staging.record = {
                 "format": STORE_FORMAT, "name": name, "kind": "module", "module": plan.module, "file": filename,
-                "so": so_digest, "host": host_record(facts), "producer_certificate": producer,
+                "so": so_digest, "host": host.record(), "producer_certificate": producer,
                 "refs": [blob_ref(so_digest), *([blob_ref(producer)] if producer else []),
                          *(entry_ref(d.entry) for d in choices if d.entry)]}
             linked = True
@@ -256,7 +256,7 @@ def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant
     rec = store.module_record(name)
     module: ModuleBuild = {"decision": module_from, "entry": name, "producer_certificate": rec["producer_certificate"],
                            "remote": share.record() if share is not None else None}
-    cert = certificate(recipe, variant, plan, facts, toolchain_id, choices, rec["so"], module, pmap)
+    cert = certificate(recipe, variant, plan, host, toolchain_id, choices, rec["so"], module, pmap)
     raw = fs.canonical_json(cert)
     cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
     store.pin_blob(cert_blob)

@@ -21,6 +21,7 @@ import ast
 import os
 import re
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,14 +77,160 @@ print("hermetic-probe-result: " + json.dumps(out))
 """
 
 
-def qualify(root: Root, python: str | None, *, need_torch: bool, where: str = WHERE) -> dict[str, Any]:
+def _strs(value: object, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{what} is not a list of strings")
+    return tuple(value)
+
+
+def _str(value: object, what: str, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is not a string")
+    return value
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """torch as the host interpreter has it: what its extension build commands are made of."""
+    version: str
+    cuda: str | None                    # torch.version.cuda (None: a CPU-only torch)
+    dir: str                            # torch's package folder
+    version_file: str                   # its version.py, resolved: a no-op and the cache trust its fingerprint
+    cxx11_abi: bool
+    include: tuple[str, ...]
+    lib: str
+    common_nvcc_flags: tuple[str, ...]
+    common_extra: tuple[str, ...]       # the ABI defines torch adds to every command, where it adds them
+    std: str                            # the C++ standard its commands name
+    nvidia_include: str | None          # the host's nvidia wheels' headers (cusparse.h, ...), where present
+    cxx: str
+
+    @classmethod
+    def from_json(cls, t: object) -> TorchFacts:
+        if not isinstance(t, dict):
+            raise ValueError("torch's facts are not an object")
+        cxx11 = t.get("cxx11_abi")
+        if not isinstance(cxx11, bool):
+            raise ValueError("torch.cxx11_abi is not a boolean")
+        return cls(_str(t.get("version"), "torch.version"), _str(t.get("cuda"), "torch.cuda", optional=True),
+                   _str(t.get("dir"), "torch.dir"), _str(t.get("version_file"), "torch.version_file"), cxx11,
+                   _strs(t.get("include"), "torch.include"), _str(t.get("lib"), "torch.lib"),
+                   _strs(t.get("common_nvcc_flags"), "torch.common_nvcc_flags"),
+                   _strs(t.get("common_extra"), "torch.common_extra"), _str(t.get("std"), "torch.std"),
+                   _str(t.get("nvidia_include"), "torch.nvidia_include", optional=True),
+                   _str(t.get("cxx"), "torch.cxx"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class TritonFacts:
+    version: str
+    file: str                           # its __init__.py, resolved: the cache trusts its fingerprint
+
+    @classmethod
+    def from_json(cls, t: object) -> TritonFacts:
+        if not isinstance(t, dict):
+            raise ValueError("triton's facts are not an object")
+        return cls(_str(t.get("version"), "triton.version"), _str(t.get("file"), "triton.file"))
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """The host interpreter's facts: what ``_PROBE`` prints (its JSON is the interpreters cache's record and the
+    receipt's ``host``), read once, typed; only this module reads them by key."""
+    python: str
+    implementation: str
+    executable: str
+    ext_suffix: str
+    python_include: str
+    machine: str
+    soabi: str | None
+    torch: TorchFacts | None
+    triton: TritonFacts | None
+    torch_error: str | None = None      # why torch did not import, where it did not
+
+    @classmethod
+    def from_json(cls, value: object) -> HostFacts:
+        """ValueError for anything but what the probe prints (a cache record of another shape is a miss)."""
+        if not isinstance(value, dict):
+            raise ValueError("the host's facts are not an object")
+        v = value
+        return cls(_str(v.get("python"), "python"), _str(v.get("implementation"), "implementation"),
+                   _str(v.get("executable"), "executable"), _str(v.get("ext_suffix"), "ext_suffix"),
+                   _str(v.get("python_include"), "python_include"), _str(v.get("machine"), "machine"),
+                   _str(v.get("soabi"), "soabi", optional=True),
+                   TorchFacts.from_json(v["torch"]) if v.get("torch") is not None else None,
+                   TritonFacts.from_json(v["triton"]) if v.get("triton") is not None else None,
+                   _str(v.get("torch_error"), "torch_error", optional=True))
+
+    def to_json(self) -> dict[str, Any]:
+        """Exactly the probe's keys and values (``torch_error`` only where set)."""
+        out: dict[str, Any] = {"python": self.python, "implementation": self.implementation,
+                               "executable": self.executable, "ext_suffix": self.ext_suffix,
+                               "python_include": self.python_include, "machine": self.machine, "soabi": self.soabi,
+                               "torch": self.torch.to_json() if self.torch else None,
+                               "triton": {"version": self.triton.version, "file": self.triton.file}
+                               if self.triton else None}
+        if self.torch_error is not None:
+            out["torch_error"] = self.torch_error
+        return out
+
+    def identity(self) -> HostIdentity:
+        """What a built module depends on: a module built for another interpreter or torch is never reused."""
+        t = self.torch
+        return {"python": self.python, "implementation": self.implementation, "soabi": self.soabi,
+                "machine": self.machine, "torch": t.version if t else None, "torch_cuda": t.cuda if t else None,
+                "cxx11_abi": t.cxx11_abi if t else None}
+
+    def record(self) -> HostIdentity:
+        """``identity`` and triton's version where triton is there: what a module's record says it was built
+        with, and what an imported closure is checked against. (Not in the keys: triton does not change what the
+        compilers produce, and a key change would rebuild every module once.)"""
+        record = self.identity()
+        if self.triton is not None:
+            record["triton"] = self.triton.version
+        return record
+
+    def differences(self, probed: HostFacts) -> list[str]:
+        """The facts a guess got wrong: top-level names, then ``torch.<name>``."""
+        a, b = self.to_json(), probed.to_json()
+        out = [k for k in sorted(set(a) | set(b)) if k != "torch" and a.get(k) != b.get(k)]
+        t, u = a.get("torch") or {}, b.get("torch") or {}
+        return out + [f"torch.{k}" for k in sorted(set(t) | set(u)) if t.get(k) != u.get(k)]
+
+    def watched(self) -> list[str]:
+        """The files whose fingerprints the cached facts are trusted by, beside the interpreter's own."""
+        return [*([self.torch.version_file] if self.torch else []), *([self.triton.file] if self.triton else [])]
+
+    def require_torch(self, exe: Path | str) -> TorchFacts:
+        """torch's facts; a failed precondition where torch does not import in the interpreter ``exe``."""
+        if self.torch is None:
+            raise PreconditionFailed(f"torch does not import in the host interpreter {exe}: "
+                                     f"{self.torch_error or 'not installed'}",
+                                     hint=f"install torch there ({exe} -m pip install torch), or set recipe.python")
+        return self.torch
+
+
+
+def qualify(root: Root, python: str | None, *, need_torch: bool, where: str = WHERE) -> HostFacts:
     """The host interpreter's facts, from the cache when neither the interpreter, torch nor triton changed."""
     # not resolved: a venv's python is a symlink, and resolving it would lose the venv's site-packages
     exe = find_python(python, where)
-    cached = root.cache("interpreters").get(str(exe))
-    if isinstance(cached, dict):
+    cached = _cached(root, exe)
+    if cached is not None:
         return _checked(cached, exe, need_torch)
     return _probed(root, exe, need_torch, *_run_probe(root, exe))
+
+
+def _cached(root: Root, exe: Path) -> HostFacts | None:
+    try:
+        return HostFacts.from_json(root.cache("interpreters").get(str(exe)))
+    except ValueError:   # none, or a record of another shape: probed again
+        return None
 
 
 def _probe_argv(root: Root, exe: Path) -> tuple[list[str], dict[str, str], str]:
@@ -102,16 +249,16 @@ def _run_probe(root: Root, exe: Path) -> tuple[dict[str, Any] | None, str]:
     return run_probe(argv, env=env, cwd=cwd)
 
 
-def _probed(root: Root, exe: Path, need_torch: bool, found: dict[str, Any] | None, output: str) -> dict[str, Any]:
+def _probed(root: Root, exe: Path, need_torch: bool, found: dict[str, Any] | None, output: str) -> HostFacts:
     """The probe's answer, cached and checked."""
-    if found is None:
-        raise PreconditionFailed(f"the host interpreter {exe} could not be qualified:\n{output[-2000:]}",
-                                 hint="check that it starts and that torch imports in it")
-    facts: dict[str, Any] = found
-    t, tr = facts["torch"], facts.get("triton")
+    try:
+        facts = HostFacts.from_json(found)
+    except ValueError as e:
+        why = "" if found is None else f" (its answer: {e})"
+        raise PreconditionFailed(f"the host interpreter {exe} could not be qualified{why}:\n{output[-2000:]}",
+                                 hint="check that it starts and that torch imports in it") from None
     # valid while the interpreter binary, torch's version.py and triton's __init__.py keep their fingerprints
-    root.cache("interpreters").put(str(exe), facts,
-                                   [exe, *([t["version_file"]] if t else []), *([tr["file"]] if tr else [])])
+    root.cache("interpreters").put(str(exe), facts.to_json(), [exe, *facts.watched()])
     return _checked(facts, exe, need_torch)
 
 
@@ -126,7 +273,7 @@ class GuessWrong(Exception):
 class Qualifying:
     """The host's facts for one realize (``start_qualify``): ``facts`` now, confirmed by ``confirm``."""
 
-    def __init__(self, root: Root, exe: Path, facts: dict[str, Any], source: str) -> None:
+    def __init__(self, root: Root, exe: Path, facts: HostFacts, source: str) -> None:
         self.root, self.exe, self.facts = root, exe, facts
         self.source = source                      # "cache", "probe" or "guess"
         self._probe: BackgroundProbe | None = None
@@ -146,16 +293,17 @@ class Qualifying:
         """The probe has answered (or none runs): ``confirm`` will not wait."""
         return self._probe is None or not self._probe.alive()
 
-    def confirm(self) -> dict[str, Any]:
-        """The facts, confirmed: waits for the probe where one runs. Its answer is cached; one that differs
-        from the guess raises GuessWrong, one without torch PreconditionFailed."""
-        if self._probe is None:
+    def confirm(self, *, wait: bool = True) -> HostFacts:
+        """The facts, confirmed: waits for the probe where one runs (``wait``; else only where it has answered
+        already). Its answer is cached; one that differs from the guess raises GuessWrong, one without torch
+        PreconditionFailed."""
+        if self._probe is None or not (wait or self.done()):
             return self.facts
         probe, self._probe = self._probe, None
         result = probe.join()
         self._probe_s = probe.seconds
         found = _probed(self.root, self.exe, True, *result)
-        differ = _differ(self.facts, found)
+        differ = self.facts.differences(found)
         if differ:
             raise GuessWrong(differ)
         return self.facts
@@ -177,8 +325,8 @@ def start_qualify(root: Root, python: str | None, *, where: str = WHERE, guess: 
     """The facts of a recipe that builds (torch needed): from the cache; else guessed from torch's files while
     the probe runs, where a guess can be made and ``guess``; else probed now."""
     exe = find_python(python, where)
-    cached = root.cache("interpreters").get(str(exe))
-    if isinstance(cached, dict):
+    cached = _cached(root, exe)
+    if cached is not None:
         return Qualifying(root, exe, _checked(cached, exe, True), "cache")
     guessed = guess_facts(exe) if guess else None
     if guessed is None:
@@ -188,13 +336,7 @@ def start_qualify(root: Root, python: str | None, *, where: str = WHERE, guess: 
     return q
 
 
-def _differ(guess: dict[str, Any], found: dict[str, Any]) -> list[str]:
-    out = [k for k in sorted(set(guess) | set(found)) if k != "torch" and guess.get(k) != found.get(k)]
-    t, u = guess.get("torch") or {}, found.get("torch") or {}
-    return out + [f"torch.{k}" for k in sorted(set(t) | set(u)) if t.get(k) != u.get(k)]
-
-
-def guess_facts(exe: Path) -> dict[str, Any] | None:
+def guess_facts(exe: Path) -> HostFacts | None:
     """What ``_PROBE`` will print, read from files without importing torch: for the interpreter running
     hermetic only, and None where a file does not say (no torch found, a cpp_extension.py whose literals are
     not there, ABI defines that only ``torch._C`` knows). A guess, confirmed or refuted by the probe."""
@@ -204,15 +346,11 @@ def guess_facts(exe: Path) -> dict[str, Any] | None:
     import importlib.util
     import platform
     import sysconfig
-    out: dict[str, Any] = {
-        "python": platform.python_version(), "implementation": sys.implementation.name, "executable": str(exe),
-        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
-        "python_include": sysconfig.get_path("include", scheme="posix_prefix"), "machine": platform.machine(),
-        "soabi": sysconfig.get_config_var("SOABI"), "torch": None, "triton": None}
+    triton = None
     try:
         spec = importlib.util.find_spec("triton")
         if spec is not None and spec.origin:
-            out["triton"] = {"version": importlib.metadata.version("triton"), "file": os.path.realpath(spec.origin)}
+            triton = TritonFacts(importlib.metadata.version("triton"), os.path.realpath(spec.origin))
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         return None
@@ -236,16 +374,19 @@ def guess_facts(exe: Path) -> dict[str, Any] | None:
     torch_path = os.path.join(site, "torch")  # cpp_extension's _TORCH_PATH
     nv_inc = os.path.join(site, "nvidia", "cu" + cuda.split(".")[0], "include") if cuda else None
     std = re.findall(r"-std=(c\+\+\d+)", writer)
-    out["torch"] = {
-        "version": version["__version__"], "cuda": cuda, "dir": tdir,
-        "version_file": os.path.realpath(os.path.join(tdir, "version.py")),
-        "cxx11_abi": True,  # every torch of these years; the one fact only torch._C knows
-        "include": [os.path.join(torch_path, "include"),
-                    os.path.join(torch_path, "include", "torch", "csrc", "api", "include")],
-        "lib": os.path.join(torch_path, "lib"), "common_nvcc_flags": nvcc, "common_extra": [],
-        "std": std[0] if std else "c++17", "nvidia_include": nv_inc if nv_inc and os.path.isdir(nv_inc) else None,
-        "cxx": os.environ.get("CXX", "c++")}
-    return out
+    try:
+        torch = TorchFacts(
+            version["__version__"], cuda, tdir, os.path.realpath(os.path.join(tdir, "version.py")),
+            True,  # cxx11_abi: every torch of these years; the one fact only torch._C knows
+            (os.path.join(torch_path, "include"),
+             os.path.join(torch_path, "include", "torch", "csrc", "api", "include")),
+            os.path.join(torch_path, "lib"), _strs(nvcc, "COMMON_NVCC_FLAGS"), (), std[0] if std else "c++17",
+            nv_inc if nv_inc and os.path.isdir(nv_inc) else None, os.environ.get("CXX", "c++"))
+    except ValueError:
+        return None
+    return HostFacts(platform.python_version(), sys.implementation.name, str(exe),
+                     sysconfig.get_config_var("EXT_SUFFIX"), sysconfig.get_path("include", scheme="posix_prefix"),
+                     platform.machine(), sysconfig.get_config_var("SOABI"), torch, triton)
 
 
 def _literals(src: str, names: tuple[str, ...], tree: ast.Module | None = None) -> dict[str, Any]:
@@ -267,28 +408,7 @@ def _literals(src: str, names: tuple[str, ...], tree: ast.Module | None = None) 
     return out
 
 
-
-def _checked(facts: dict[str, Any], exe: Path, need_torch: bool) -> dict[str, Any]:
-    if need_torch and facts.get("torch") is None:
-        raise PreconditionFailed(f"torch does not import in the host interpreter {exe}: "
-                                 f"{facts.get('torch_error', 'not installed')}",
-                                 hint=f"install torch there ({exe} -m pip install torch), or set recipe.python")
+def _checked(facts: HostFacts, exe: Path, need_torch: bool) -> HostFacts:
+    if need_torch:
+        facts.require_torch(exe)
     return facts
-
-
-def host_record(facts: dict[str, Any]) -> HostIdentity:
-    """``host_identity`` and triton's version where triton is there: what a module's record says it was built
-    with, and what an imported closure is checked against. (Not in the keys: triton does not change what the
-    compilers produce, and a key change would rebuild every module once.)"""
-    record = host_identity(facts)
-    if facts.get("triton"):
-        record["triton"] = facts["triton"]["version"]
-    return record
-
-
-def host_identity(facts: dict[str, Any]) -> HostIdentity:
-    """What a built module depends on: a module built for another interpreter or torch is never reused."""
-    t = facts.get("torch") or {}
-    return {"python": facts["python"], "implementation": facts["implementation"], "soabi": facts.get("soabi"),
-            "machine": facts["machine"], "torch": t.get("version"), "torch_cuda": t.get("cuda"),
-            "cxx11_abi": t.get("cxx11_abi")}

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
+from hermetic.build.host import HostFacts
 from hermetic.keys import PrefixMap, unmappable
 from hermetic.recipe import Extension, Variant
 
@@ -103,17 +103,17 @@ def module_id_flags(source: str) -> list[str]:
 
 
 def prefix_map(root: Path, source: str, src_root: Path, build_dir: Path, cuda_home: Path | None,
-               facts: dict[str, Any]) -> PrefixMap:
+               host: HostFacts) -> PrefixMap:
     """The fixed names of one build's folders: every variant's source and build folders get the same names,
     so variants compare (and share) objects, and so do roots at other paths; torch's and Python's headers get
     theirs, so the same torch installed elsewhere shares too (another torch never does: its identity is in
     the key)."""
     pairs = [(str(root), "/hermetic/root"), (str(src_root), f"/hermetic/src/{source}"),
-             (str(build_dir), f"/hermetic/build/{build_dir.name}"), (facts["python_include"], "/hermetic/python")]
+             (str(build_dir), f"/hermetic/build/{build_dir.name}"), (host.python_include, "/hermetic/python")]
     if cuda_home is not None:
         pairs.append((str(cuda_home), "/hermetic/cuda"))
-    if facts.get("torch"):
-        pairs.append((str(Path(facts["torch"]["dir"]).parent), "/hermetic/site"))
+    if host.torch is not None:
+        pairs.append((str(Path(host.torch.dir).parent), "/hermetic/site"))
     return PrefixMap(pairs)
 
 
@@ -128,12 +128,12 @@ def map_flags(pmap: PrefixMap, cuda: bool, canonical_source: str, objdir_temps: 
             *(["--objdir-as-tempdir"] if cuda and objdir_temps else [])]
 
 
-def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda_home: Path | None,
+def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda_home: Path | None,
                    archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
                    pmap: PrefixMap, cxx: str = "c++", objdir_temps: bool = False) -> BuildPlan:
     """The commands torch's JIT build would run for this extension and variant (``objdir_temps``: see
     ``map_flags``)."""
-    torch: dict[str, Any] = facts["torch"]
+    torch = host.require_torch(host.executable)
     module = variant.module or ext.name
     rels = select_sources(tree_files, ext.sources, ext.exclude)
     if not rels:
@@ -145,23 +145,23 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
     extra_cuda_cflags = [*ext.cuda_cflags, *variant.cuda_cflags, *defines]
 
     user_includes = [str(src_root / d) if d not in ("", ".") else str(src_root) for d in ext.include_dirs]
-    system_includes = list(torch["include"])
+    system_includes = list(torch.include)
     if with_cuda:
         assert cuda_home is not None
         system_includes.append(str(cuda_home / "include"))
-        if torch.get("nvidia_include"):
+        if torch.nvidia_include:
             # cusparse.h, cublas_v2.h...: torch's headers include them; they come from the host's own nvidia
             # wheels (the libraries torch runs with), in the place torch gives CUDA_INC_PATH
-            system_includes.append(torch["nvidia_include"])
-    system_includes.append(facts["python_include"])
+            system_includes.append(torch.nvidia_include)
+    system_includes.append(host.python_include)
 
     common = [f"-DTORCH_EXTENSION_NAME={module}", "-DTORCH_API_INCLUDE_EXTENSION_H",
-              *torch.get("common_extra", []), *(f"-I{i}" for i in user_includes)]
+              *torch.common_extra, *(f"-I{i}" for i in user_includes)]
     for inc in system_includes:
         common += ["-isystem", inc]
-    std = f"-std={torch['std']}"
+    std = f"-std={torch.std}"
     cflags = [*common, "-fPIC", std, *extra_cflags]
-    cuda_flags = [*common, *torch["common_nvcc_flags"], *arch_flags(archs, extra_cuda_cflags),
+    cuda_flags = [*common, *torch.common_nvcc_flags, *arch_flags(archs, extra_cuda_cflags),
                   "--compiler-options", "-fPIC", *extra_cuda_cflags]
     if not any(f.startswith("-std=") for f in cuda_flags):
         cuda_flags.append(std)
@@ -177,7 +177,7 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
                                 tuple(map_flags(pmap, cuda, pmap.canonical_path(src), objdir_temps)),
                                 unmappable(argv, cuda)))
 
-    ldflags = ["-shared", *ext.ldflags, f"-L{torch['lib']}", "-lc10"]
+    ldflags = ["-shared", *ext.ldflags, f"-L{torch.lib}", "-lc10"]
     if with_cuda:
         ldflags.append("-lc10_cuda")
     ldflags.append("-ltorch_cpu")
@@ -187,6 +187,6 @@ def plan_extension(ext: Extension, variant: Variant, facts: dict[str, Any], cuda
     if with_cuda:
         assert cuda_home is not None
         ldflags += [f"-L{cuda_home / 'lib64'}", "-lcudart"]
-    output = str(build_dir / f"{module}{facts['ext_suffix']}")
+    output = str(build_dir / f"{module}{host.ext_suffix}")
     link = (cxx, *(c.object for c in compiles), *ldflags, "-o", output)
     return BuildPlan(module, tuple(compiles), link, output, with_cuda)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hermetic import fs
 from hermetic.build.extension import BuiltModule, ModuleJob, finish_module, plan_module, remember_build
 from hermetic.build.graph import Graph
+from hermetic.build.host import HostFacts
 from hermetic.build.objects import InputHasher, ObjectChoice
 from hermetic.build.sources import SourceTree, link_variant_source, realize_source
 from hermetic.build.toolchain import (
@@ -72,7 +73,7 @@ def check_builds(recipe: Recipe) -> None:
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
 
 
-def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[Unpacked], facts: dict[str, Any],
+def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[Unpacked], host: HostFacts,
                       reporter: Reporter) -> PreparedToolchain:
     """The toolchain's wheels as a tree with its profile; nvcc, the runtime headers and torch agree."""
     assert recipe.toolchain is not None
@@ -83,7 +84,7 @@ def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[U
                                 refs=[entry_ref(u.entry) for u in unpacked])
     tc_profile = set_profile(root.profiles, tc_name, store, tc_tree)
     info = inspect_toolchain(root, tc_profile, recipe.toolchain, tc_tree)
-    check_compatible(info, recipe.toolchain, facts["torch"]["cuda"], facts.get("executable"))
+    check_compatible(info, recipe.toolchain, host.require_torch(host.executable).cuda, host.executable)
     compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
     return PreparedToolchain(info, {"cuda": tc_tree, "host_compilers": compilers}, compilers, built)
 
@@ -105,7 +106,7 @@ def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Var
     return out
 
 
-def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], facts: dict[str, Any],
+def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], host: HostFacts,
                    tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
                    explain: bool, share: ObjectShare | None = None,
                    on_compiles: Callable[[], None] | None = None,
@@ -130,13 +131,13 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
             for ext in recipe.extensions:
                 src_root, tree = trees[ext.source]
-                jobs.append(plan_module(root, store, recipe, ext, variant, facts, tc.info, tc.id, src_root,
+                jobs.append(plan_module(root, store, recipe, ext, variant, host, tc.info, tc.id, src_root,
                                         sorted(tree.files), reporter, hasher, share))
         hasher.save()
         schedule = Graph(root, recipe, jobs, reporter, on_compiles, confirm).run()
         if confirm is not None:
             confirm()
-        for job, built in zip(jobs, _finish(root, store, recipe, jobs, facts, tc, reporter, share), strict=True):
+        for job, built in zip(jobs, _finish(root, store, recipe, jobs, host, tc, reporter, share), strict=True):
             remember_build(root, recipe, job, built)
             modules.append(built)
             refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
@@ -154,7 +155,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     _say_schedule(reporter, schedule)
     info = tc.info
     report = {
-        "host": facts,
+        "host": host.to_json(),
         "toolchain": {"entry": tc.id["cuda"], "nvcc": info.nvcc_version, "cudart": info.cudart_version,
                       "cuda_home": str(info.cuda_home), "archs": list(recipe.toolchain.archs),
                       "host_compilers": tc.compilers},
@@ -169,16 +170,16 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained])
 
 
-def _finish(root: Root, store: Store, recipe: Recipe, jobs: list[ModuleJob], facts: dict[str, Any],
+def _finish(root: Root, store: Store, recipe: Recipe, jobs: list[ModuleJob], host: HostFacts,
             tc: PreparedToolchain, reporter: Reporter, share: ObjectShare | None) -> list[BuiltModule]:
     """Every module linked and certified, side by side (each link is a compiler process of its own; the store
     takes entries from several threads), except with a remote cache, whose client is used from one thread.
     The first failure is raised once every link has ended."""
     if len(jobs) == 1 or share is not None:
-        return [finish_module(root, store, recipe, job, facts, tc.id, reporter, share) for job in jobs]
+        return [finish_module(root, store, recipe, job, host, tc.id, reporter, share) for job in jobs]
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=min(len(jobs), recipe.limits.jobs), thread_name_prefix="link") as pool:
-        futures = [pool.submit(finish_module, root, store, recipe, job, facts, tc.id, reporter, None)
+        futures = [pool.submit(finish_module, root, store, recipe, job, host, tc.id, reporter, None)
                    for job in jobs]
     return [f.result() for f in futures]
 

@@ -220,7 +220,7 @@ def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.realize.env import realized_env
-    env, facts = realized_env(root, args.recipe)
+    env, exported = realized_env(root, args.recipe)
     cmd = list(args.cmd)
     if cmd:
         sys.stdout.flush()
@@ -230,12 +230,12 @@ def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
             raise BadInput(f"cannot run {cmd[0]}: {e.strerror}", where="hermetic env",
                            hint="the command is looked up on the realized PATH") from None
     if reporter.json_mode:
-        for k, v in facts.items():
+        for k, v in exported.items():
             reporter.event("env", "", name=k, value=v)
     else:  # shell syntax on stdout: eval "$(hermetic env RECIPE)"
-        for k, v in facts.items():
+        for k, v in exported.items():
             print(f"export {k}={_shell_quote(v)}")
-    reporter.result("env", True, 0, env=facts)
+    reporter.result("env", True, 0, env=exported)
     return 0
 
 
@@ -256,10 +256,10 @@ def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.build.host import host_record, qualify
+    from hermetic.build.host import qualify
     from hermetic.store.archive import import_closure
     stats = import_closure(root, args.archive, reporter=reporter,
-                           host=lambda: host_record(qualify(root, None, need_torch=False)),
+                           host=lambda: qualify(root, None, need_torch=False).record(),
                            trust_unsigned=args.trust_unsigned)
     left = stats["left_out"]
     if left:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hermetic.build.extension import build_env, module_key, previous_objects
-from hermetic.build.host import host_identity, qualify
+from hermetic.build.host import HostFacts, qualify
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache
 from hermetic.build.plan import Compile, plan_extension, prefix_map, select_sources
 from hermetic.build.predict import IncludeScanner, predict
@@ -201,7 +201,7 @@ class Planner:
         plan["toolchain"] = {"cuda": recipe.toolchain.cuda, "entry": tc_name,
                              "action": "reuse" if in_store else "assemble"}
         trees = self.sources(plan, recipe, variants)
-        facts: dict[str, Any] | None = None
+        facts: HostFacts | None = None
         tc_id: ToolchainId | None = None
         info: ToolchainInfo | None = None
         if in_store:
@@ -237,7 +237,7 @@ class Planner:
                 pmap = prefix_map(self.root.path, ext.source, src_root, build_dir, info.cuda_home, facts)
                 bplan = plan_extension(ext, variant, facts, info.cuda_home, recipe.toolchain.archs, src_root,
                                        tree_files, build_dir, pmap, objdir_temps=info.objdir_temps)
-                cache = ObjectCache(self.root, self.store, tc_id, build_env(self.root, info), host_identity(facts),
+                cache = ObjectCache(self.root, self.store, tc_id, build_env(self.root, info), facts.identity(),
                                     pmap, hasher)
                 previous = previous_objects(self.store, self.root.cache("builds").get(
                     f"{recipe.name}.{variant.name}.{ext.name}"))

@@ -35,20 +35,20 @@ def realized_env(root: Root, recipe_path: Path) -> tuple[dict[str, str], dict[st
     if not profile.exists():
         raise PreconditionFailed(f"{recipe.name} is not realized in {root.path}", where=str(recipe_path),
                                  hint=f"run `hermetic realize {recipe_path}` first")
-    facts: dict[str, str] = {"HERMETIC_ROOT": str(root.path), "HERMETIC_PROFILE": str(profile),
+    exported: dict[str, str] = {"HERMETIC_ROOT": str(root.path), "HERMETIC_PROFILE": str(profile),
                              "HERMETIC_PYTHON": str(python)}
     path_dirs = [str(profile / "bin"), str(python.parent)]
     env = root.child_env()
     if recipe.toolchain:
         tc_profile = root.profiles / f"{recipe.name}.toolchain" if recipe.extensions else profile
         cuda_home = tc_profile / cuda_home_rel(recipe.toolchain)
-        facts.update(CUDA_HOME=str(cuda_home), CUDA_PATH=str(cuda_home),
+        exported.update(CUDA_HOME=str(cuda_home), CUDA_PATH=str(cuda_home),
                      PYTORCH_NVCC=str(cuda_home / "bin" / "nvcc"))
         path_dirs.insert(0, str(cuda_home / "bin"))
-    facts["PYTHONPATH"] = str(profile)
-    env.update(facts)
+    exported["PYTHONPATH"] = str(profile)
+    env.update(exported)
     env["PATH"] = os.pathsep.join(dict.fromkeys(path_dirs + [d for d in env.get("PATH", "").split(os.pathsep) if d]))
-    facts["PATH"] = env["PATH"]
+    exported["PATH"] = env["PATH"]
     if not recipe.toolchain:
-        facts.update(CUDA_HOME=env["CUDA_HOME"], CUDA_PATH=env["CUDA_PATH"])
-    return env, facts
+        exported.update(CUDA_HOME=env["CUDA_HOME"], CUDA_PATH=env["CUDA_PATH"])
+    return env, exported

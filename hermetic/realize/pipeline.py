@@ -47,7 +47,7 @@ from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import Unpacked, WheelTally, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
-    from hermetic.build.host import Qualifying
+    from hermetic.build.host import HostFacts, Qualifying
     from hermetic.build.importcheck import ImportCheck
     from hermetic.build.sources import SourceTree
     from hermetic.build.variants import PreparedToolchain, RecipeBuild
@@ -132,7 +132,7 @@ class Realization:
         self.audit = OutsideRootAudit(root.path)   # what children leave outside the root
         self.audit.start()
         self.share: Sharing | None = None
-        self.facts: dict[str, Any] | None = None
+        self.facts: HostFacts | None = None
         self.qualifying: Qualifying | None = None   # the host's facts, possibly still being probed
         self.guess = True
         self.python: Interpreter | None = None
@@ -195,8 +195,8 @@ class Realization:
 
     def confirm_facts(self, *, wait: bool = True) -> None:
         """The host's facts, confirmed by the probe (``wait``), or where it has answered already."""
-        if self.qualifying is not None and (wait or self.qualifying.done()):
-            self.qualifying.confirm()
+        if self.qualifying is not None:
+            self.qualifying.confirm(wait=wait)
 
     def fetch(self) -> None:
         assert self.python is not None
@@ -242,7 +242,7 @@ class Realization:
             self.confirm_facts()
         # the check's interpreter imports torch while the compiles run, where the profile holds no wheels that
         # torch's import could read (they are laid out in step 7): importcheck.py
-        self.import_check = ImportCheck(self.root, self.facts["executable"], self.root.profiles / self.name,
+        self.import_check = ImportCheck(self.root, self.facts.executable, self.root.profiles / self.name,
                                         build_env(self.root, self.tc.info))
         self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
                                     self.trees, self.reporter, self.explain, self.share,
@@ -312,12 +312,20 @@ class Realization:
         self.timings["total"] = round(time.monotonic() - self.started, 4)
         outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
                                         [*self.unpacked, *self.toolchain_unpacked], self.report)
-        host = [*_host_paths(self.report), *([Path(self.python.executable)] if self.python else [])]
+        host = [*self._host_paths(), *([Path(self.python.executable)] if self.python else [])]
         record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), host, outcome)
         return outcome
 
     def toolchain_locks(self) -> list[Lock]:
         return [self.toolchain_lock] if self.toolchain_lock is not None else []
+
+    def _host_paths(self) -> list[Path]:
+        """The host's files a no-op trusts by fingerprint: the recipe's interpreter, torch, the compilers."""
+        if self.facts is None or self.tc is None:
+            return []
+        torch = self.facts.torch
+        return [Path(self.facts.executable), *([Path(torch.version_file)] if torch else []),
+                *(Path(cxx["path"]) for cxx in self.tc.compilers.values())]
 
 
 def children_since(started: float) -> list[tuple[float, float, str, bool]]:
@@ -333,19 +341,6 @@ def chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
         raise BadInput(f"recipe {recipe.name} has no variant {variant!r}", where=str(recipe.path),
                        hint=f"variants: {', '.join(v.name for v in recipe.variants)}")
     return found
-
-
-def _host_paths(report: dict[str, Any]) -> list[Path]:
-    """The host's files a no-op trusts by fingerprint: the recipe's interpreter, torch, the compilers."""
-    paths = []
-    host = report.get("host")
-    if host:
-        paths.append(Path(host["executable"]))
-        if host.get("torch"):
-            paths.append(Path(host["torch"]["version_file"]))
-    for cxx in report.get("toolchain", {}).get("host_compilers", {}).values():
-        paths.append(Path(cxx["path"]))
-    return paths
 
 
 def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
