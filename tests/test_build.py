@@ -144,7 +144,7 @@ def test_limits_apply_to_live_compilers(tmp_path: Path, shared_root: Path) -> No
 
 def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) -> None:
     from hermetic.build.host import qualify
-    from hermetic.build.plan import plan_extension, prefix_map
+    from hermetic.build.plan import CudaTarget, ModuleSite, plan_extension, prefix_map
     from hermetic.recipe import Extension, Variant
     from hermetic.root import Root
 
@@ -156,7 +156,8 @@ def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) ->
     ext = Extension("fixture_ext", "src", ("*.cpp", "*.cu"), include_dirs=(".",), cflags=("-O2",),
                     cuda_cflags=("-O3", "--use_fast_math"))
     pmap = prefix_map(tmp_path, "src", src, tmp_path / "b", cuda_home, facts)
-    plan = plan_extension(ext, Variant("default"), facts, cuda_home, ("9.0",), src, files, tmp_path / "b", pmap)
+    plan = plan_extension(ext, Variant("default"), facts, CudaTarget(cuda_home, ("9.0",)),
+                          ModuleSite(src, files, tmp_path / "b", pmap))
     ours = {Path(c.source).name: c.command() for c in plan.compiles}
 
     writer = f"""

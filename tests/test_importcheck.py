@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.extension import build_env
+from hermetic.build.context import build_env
 from hermetic.build.importcheck import ImportCheck
 from hermetic.errors import WorkFailed
 from hermetic.root import Root

@@ -69,15 +69,16 @@ def _named(node: ast.AST) -> bool:
 def host_key_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, what) of every ``facts["k"]``, ``facts.get("k")``, ``host["k"]`` and ``host.get("k")``, on a name or
     an attribute so named: the host facts read by string key (build.host.HostFacts has attributes)."""
+    def string(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and _named(node.value) and isinstance(node.slice, ast.Constant) \
-                and isinstance(node.slice.value, str):
-            found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and _named(node.func.value) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str):
-            found.append((node.lineno, ast.unparse(node)))
+        subscript = isinstance(node, ast.Subscript) and _named(node.value) and string(node.slice)
+        get = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+            and _named(node.func.value) and bool(node.args) and string(node.args[0])
+        if subscript or get:
+            found.append((getattr(node, "lineno", 0), ast.unparse(node)))
     return sorted(found)
 
 

@@ -10,11 +10,9 @@ from typing import TypedDict, cast
 
 import zstandard
 
-from hermetic.build.host import HostFacts
-from hermetic.build.objects import ObjectChoice, stored_blob
-from hermetic.build.plan import BuildPlan
-from hermetic.keys import PrefixMap
-from hermetic.recipe import Recipe, Variant
+from hermetic.build.context import BuildContext
+from hermetic.build.job import ModuleJob
+from hermetic.build.objects import stored_blob
 from hermetic.store import Store
 from hermetic.store.records import CompileCost, HostIdentity, InputHash, Producer, ToolchainId
 
@@ -59,11 +57,10 @@ class Certificate(TypedDict):
     objects: list[CertifiedObject]
 
 
-def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, host: HostFacts,
-                toolchain_id: ToolchainId, choices: list[ObjectChoice], so_digest: str,
-                module: ModuleBuild, pmap: PrefixMap) -> Certificate:
+def certificate(ctx: BuildContext, job: ModuleJob, so_digest: str, module: ModuleBuild) -> Certificate:
+    """What one module's build certifies: every object with its key, inputs and decision, and the module."""
     objects: list[CertifiedObject] = []
-    for d in choices:
+    for d in job.choices:
         rec = d.record
         objects.append({"source": d.compile.rel, "object": d.compile.object, "decision": d.decision,
                         "entry": d.entry, "key": rec["key"] if rec else None,
@@ -71,9 +68,10 @@ def certificate(recipe: Recipe, variant: Variant, plan: BuildPlan, host: HostFac
                         "waived": d.waived, "reason": d.reason, "first_built_by": rec["built_by"] if rec else None,
                         "inputs": rec["inputs"] if rec else [], "path_bound": d.compile.path_bound,
                         "waited_for": d.waited_for, "cost": rec.get("cost") if rec else None})
-    return {"format": CERTIFICATE_FORMAT, "recipe": recipe.name, "variant": variant.name, "module": plan.module,
-            "host": host.identity(), "toolchain": toolchain_id, "module_sha256": so_digest,
-            "link": list(plan.link_argv), "module_build": module, "prefix_map": pmap.record(), "objects": objects}
+    return {"format": CERTIFICATE_FORMAT, "recipe": ctx.recipe.name, "variant": job.variant.name,
+            "module": job.plan.module, "host": ctx.host.identity(), "toolchain": ctx.toolchain.id,
+            "module_sha256": so_digest, "link": list(job.plan.link_argv), "module_build": module,
+            "prefix_map": job.pmap.record(), "objects": objects}
 
 
 def read_certificate(store: Store, blob: str) -> Certificate:

@@ -1,6 +1,7 @@
-"""One extension module of one variant: plan torch's commands and reuse what the object store certifies
-(``plan_module``); the build graph (build/graph.py) compiles the rest of every module together; then link
-and write the build's certificate (``finish_module``).
+"""One extension module of one variant: plan torch's commands and decide each object from what the object
+store certifies (``plan_module``: a decision, nothing written), put the reused objects where the link expects
+them (``place_reused``); the build graph (build/graph.py) compiles the rest of every module together; then link
+(or find the module by its link key: ``plan_link``) and write the build's certificate (``finish_module``).
 """
 
 from __future__ import annotations
@@ -8,148 +9,86 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import zstandard
 
 from hermetic import fs
 from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
-from hermetic.build.host import HostFacts
-from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
-from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
-from hermetic.build.toolchain import ToolchainInfo
+from hermetic.build.context import BuildContext
+from hermetic.build.job import BuiltModule, ModuleJob
+from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache
+from hermetic.build.plan import Compile, ModuleSite, plan_extension
 from hermetic.errors import BadRecord, WorkFailed
-from hermetic.keys import KEY_ENV, PrefixMap
+from hermetic.keys import PrefixMap
 from hermetic.procs import Limits, run_limited
-from hermetic.recipe import Extension, Recipe, Variant
-from hermetic.reporter import Reporter, plural
-from hermetic.root import Root
+from hermetic.recipe import Extension, Variant
+from hermetic.reporter import plural
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name, entry_ref
-from hermetic.store.records import CompileCost, ObjectRecord, Producer, ToolchainId
-
-if TYPE_CHECKING:
-    from hermetic.build.share import ObjectShare
+from hermetic.store.records import ObjectRecord
 
 MODULE_VERSION = 2  # 2: the link command in the key is canonical (keys.PrefixMap)
-# Passed through to compilers (and part of every object key); everything else of the caller's environment
-# that could steer a compiler is dropped: no system CUDA, no CC/CXX, no LD_LIBRARY_PATH.
-PASSED_ENV = tuple(k for k in KEY_ENV if k != "PATH")
 
 
-@dataclass
-class BuiltModule:
-    module: str
-    filename: str                  # module file name in the environment: NAME + the interpreter's suffix
-    entry: str                     # the module's store entry
-    digest: str                    # sha256 of the module file
-    certificate: str               # sha256 of the certificate's uncompressed bytes
-    certificate_blob: str          # blob holding the zstd-compressed certificate
-    choices: list[ObjectChoice] = field(default_factory=list)
-    linked: bool = False
-
-    def counts(self) -> dict[str, int]:
-        c: dict[str, int] = {"objects": len(self.choices)}
-        for d in self.choices:
-            c[d.decision] = c.get(d.decision, 0) + 1
-        return c
+def object_cache(ctx: BuildContext, pmap: PrefixMap) -> ObjectCache:
+    """The object cache of one module's build: this toolchain, host and compiler environment, its prefix map."""
+    return ObjectCache(ctx.root, ctx.store, ctx.toolchain.id, ctx.env, ctx.host.identity(), pmap, ctx.hasher)
 
 
-def build_env(root: Root, tc: ToolchainInfo | None) -> dict[str, str]:
-    env = root.child_env({k: os.environ[k] for k in PASSED_ENV if k in os.environ})
-    env["PATH"] = (f"{tc.cuda_home / 'bin'}:" if tc else "") + "/usr/bin:/bin"
-    env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU is visible to a build
-    if tc is not None:
-        env["CUDA_HOME"] = env["CUDA_PATH"] = str(tc.cuda_home)
-    return env
-
-
-@dataclass
-class ModuleJob:
-    """One extension of one variant from its plan to its link: the commands, the object cache that proves each
-    reuse, and what became of every object so far (``choices``, in the plan's order)."""
-    ext: Extension
-    variant: Variant
-    plan: BuildPlan
-    build_dir: Path
-    pmap: PrefixMap
-    env: dict[str, str]
-    cache: ObjectCache
-    choices: list[ObjectChoice]
-    previous: dict[str, ObjectRecord]     # source -> the object record of this module's last build
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.variant.name}/{self.plan.module}"
-
-    def todo(self) -> list[int]:
-        return [i for i, d in enumerate(self.choices) if d.decision is Decision.COMPILED]
-
-    def record(self, i: int, producer: Producer, cost: CompileCost | None) -> ObjectChoice:
-        """After object ``i`` compiled: store it with its inputs and what it took."""
-        recorded = self.cache.record(self.choices[i].compile, producer, cost)
-        recorded.reason = self.choices[i].reason
-        self.choices[i] = recorded
-        return recorded
-
-
-def plan_module(root: Root, store: Store, recipe: Recipe, ext: Extension, variant: Variant,
-                host: HostFacts, tc: ToolchainInfo | None, toolchain_id: ToolchainId,
-                src_root: Path, tree_files: list[str], reporter: Reporter, hasher: InputHasher,
-                share: ObjectShare | None = None) -> ModuleJob:
-    """Plan one module's commands and decide each object the store (or the remote) has: placed where the link
-    expects it. What is left to compile is the job's ``todo``: the build graph runs it."""
-    started = time.monotonic()
-    build_dir = root.path / "build" / recipe.name / variant.name / ext.name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    archs = recipe.toolchain.archs if recipe.toolchain else ()
-    cuda_home = tc.cuda_home if tc else None
-    pmap = prefix_map(root.path, ext.source, src_root, build_dir, cuda_home, host)
-    plan = plan_extension(ext, variant, host, cuda_home, archs, src_root, tree_files, build_dir, pmap,
-                          objdir_temps=bool(tc and tc.objdir_temps))
-    env = build_env(root, tc)
-    cache = ObjectCache(root, store, toolchain_id, env, host.identity(), pmap, hasher)
+def plan_module(ctx: BuildContext, ext: Extension, variant: Variant, site: ModuleSite) -> ModuleJob:
+    """Plan one module's commands and decide each object the store (or the remote) has, and why each other one
+    is compiled. Nothing is written here but what the remote cache hands over (``place_reused`` puts the reused
+    objects where the link expects them); what is left to compile is the job's ``todo``: the graph runs it."""
+    plan = plan_extension(ext, variant, ctx.host, ctx.cuda, site)
+    cache = object_cache(ctx, site.pmap)
     choices = [cache.find(c) for c in plan.compiles]
-    if share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
-        fetched = share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
+    if ctx.share is not None:  # what the store lacks, the remote cache may have: verified, then found as local
+        fetched = ctx.share.fetch_objects(cache, [d.compile for d in choices if d.decision is Decision.COMPILED])
         for i, d in enumerate(choices):
             if d.compile.rel in fetched and (found := cache.find(d.compile)).decision is not Decision.COMPILED:
                 found.decision = Decision.FETCHED_REMOTE
                 choices[i] = found
-    job = ModuleJob(ext, variant, plan, build_dir, pmap, env, cache, choices,
-                    previous_objects(store, root.cache("builds").get(f"{recipe.name}.{variant.name}.{ext.name}")))
+    previous = previous_objects(ctx.store, ctx.root.cache("builds").get(_build_key(ctx, variant, ext)))
+    job = ModuleJob(ext, variant, plan, site.build_dir, site.pmap, ctx.env, cache, choices, previous)
     for d in choices:  # say which key component changed, where find() only knows that none matched
         if d.decision is Decision.COMPILED and d.reason in (NO_MATCH, INPUT_CHANGED):
             d.reason = cache.explain(d.compile, job.previous.get(d.compile.rel))
-    for d in choices:
-        if d.decision is not Decision.COMPILED:
-            cache.place(d)
-    todo = len(job.todo())
-    reporter.event("build", f"{plan.module}: {plural(len(plan.compiles), 'objects')}, {len(plan.compiles) - todo} "
-                            f"reused, {todo} to compile", module=plan.module, variant=variant.name,
-                   objects=len(plan.compiles), reused=len(plan.compiles) - todo, to_compile=todo)
-    job.timings["plan"] = round(time.monotonic() - started, 4)
     return job
 
 
-def finish_module(root: Root, store: Store, recipe: Recipe, job: ModuleJob, host: HostFacts,
-                  toolchain_id: ToolchainId, reporter: Reporter, share: ObjectShare | None = None) -> BuiltModule:
+def place_reused(ctx: BuildContext, job: ModuleJob) -> None:
+    """Put every object the plan reuses where the link expects it, and say what the module will take."""
+    started = time.monotonic()
+    job.build_dir.mkdir(parents=True, exist_ok=True)
+    for d in job.choices:
+        if d.decision is not Decision.COMPILED:
+            job.cache.place(d)
+    todo, total = len(job.todo()), len(job.plan.compiles)
+    ctx.reporter.event("build", f"{job.plan.module}: {plural(total, 'objects')}, {total - todo} reused, {todo} to "
+                                "compile", module=job.plan.module, variant=job.variant.name, objects=total,
+                       reused=total - todo, to_compile=todo)
+    job.timings["plan"] = round(job.timings.get("plan", 0.0) + time.monotonic() - started, 4)
+
+
+def finish_module(ctx: BuildContext, job: ModuleJob) -> BuiltModule:
     """Every object decided: share what the remote lacks, link (or reuse the module), write the certificate."""
     started = time.monotonic()
-    if share is not None:  # compiled here or reused from this store: share what the remote lacks
-        share.upload_objects([d.record for d in job.choices
-                              if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
-    built = _link_and_certify(root, store, recipe, job.variant, job.plan, host, job.choices, job.env,
-                              toolchain_id, job.pmap, reporter, share)
+    if ctx.share is not None:  # compiled here or reused from this store: share what the remote lacks
+        ctx.share.upload_objects([d.record for d in job.choices
+                                  if d.record and d.entry and d.decision is not Decision.FETCHED_REMOTE])
+    built = _link_and_certify(ctx, job)
     job.timings["link"] = round(time.monotonic() - started, 4)
     return built
 
 
-def remember_build(root: Root, recipe: Recipe, job: ModuleJob, built: BuiltModule) -> None:
+def _build_key(ctx: BuildContext, variant: Variant, ext: Extension) -> str:
+    return f"{ctx.recipe.name}.{variant.name}.{ext.name}"
+
+
+def remember_build(ctx: BuildContext, job: ModuleJob, built: BuiltModule) -> None:
     """The module's certificate as its last build, for --explain (``previous_objects``)."""
-    root.cache("builds").put(f"{recipe.name}.{job.variant.name}.{job.ext.name}", built.certificate_blob)
+    ctx.root.cache("builds").put(_build_key(ctx, job.variant, job.ext), built.certificate_blob)
 
 
 _LOCAL_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.M)
@@ -215,54 +154,70 @@ def previous_objects(store: Store, certificate_blob: object) -> dict[str, Object
         return {}
 
 
-def module_key(plan: BuildPlan, host: HostFacts, toolchain_id: ToolchainId, pmap: PrefixMap,
-               digests: list[str]) -> tuple[str, str]:
-    """(the link's key, the module's entry name): the host, the toolchain, the canonical link command and the
-    objects' digests, in the plan's order."""
-    paths = {c.object for c in plan.compiles} | {plan.output}  # build-folder paths leave the key
-    link_key_argv = pmap.canonical(["<OBJ>" if a in paths else a for a in plan.link_argv])
-    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": host.identity(),
-                                             "toolchain": toolchain_id, "link": link_key_argv,
+@dataclass(frozen=True)
+class LinkStep:
+    """What a realize decides of one module's link: its key and entry (the host, the toolchain, the canonical
+    link command and the objects' digests), and whether that entry is in the store (``reuse``) or is to be
+    linked (``link``). ``key`` and ``entry`` are None while an object is still to compile."""
+    key: str | None
+    entry: str | None
+    action: str
+
+
+def plan_link(ctx: BuildContext, job: ModuleJob, digests: list[str] | None) -> LinkStep:
+    """The link of ``job``, given its objects' digests in the plan's order (None: not all known yet)."""
+    if digests is None:
+        return LinkStep(None, None, "link")
+    paths = {c.object for c in job.plan.compiles} | {job.plan.output}  # build-folder paths leave the key
+    link_key_argv = job.pmap.canonical(["<OBJ>" if a in paths else a for a in job.plan.link_argv])
+    key = fs.sha256_bytes(fs.canonical_json({"v": MODULE_VERSION, "host": ctx.host.identity(),
+                                             "toolchain": ctx.toolchain.id, "link": link_key_argv,
                                              "objects": digests}))
-    return key, entry_name(key, f"mod-{plan.module}")
+    entry = entry_name(key, f"mod-{job.plan.module}")
+    return LinkStep(key, entry, "reuse" if ctx.store.has_entry(entry) else "link")
 
 
-def _link_and_certify(root: Root, store: Store, recipe: Recipe, variant: Variant, plan: BuildPlan,
-                      host: HostFacts, choices: list[ObjectChoice], env: dict[str, str],
-                      toolchain_id: ToolchainId, pmap: PrefixMap, reporter: Reporter,
-                      share: ObjectShare | None) -> BuiltModule:
-    digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in choices]
-    key, name = module_key(plan, host, toolchain_id, pmap, digests)
-    filename = plan.module + host.ext_suffix
+def known_digests(job: ModuleJob) -> list[str] | None:
+    """The digests of the job's objects as the plan knows them: every one reused, else None."""
+    digests = [d.record["object"] for d in job.choices if d.record is not None]
+    return digests if len(digests) == len(job.choices) else None
+
+
+def _link_and_certify(ctx: BuildContext, job: ModuleJob) -> BuiltModule:
+    store, plan, share = ctx.store, job.plan, ctx.share
+    digests = [d.record["object"] if d.record else fs.sha256_file(Path(d.compile.object))[0] for d in job.choices]
+    step = plan_link(ctx, job, digests)
+    assert step.key is not None and step.entry is not None
+    name = step.entry
+    filename = plan.module + ctx.host.ext_suffix
     linked = False
-    reporter.event("phase", phase="linking")
+    ctx.reporter.event("phase", phase="linking")
     _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use
     module_from = "reused"
     with store.build_entry(name) as staging:
         if staging is not None:
             # linked elsewhere with the same key: the module and that build's certificate, verified
-            shared = share.fetch_module(key, filename) if share is not None else None
+            shared = share.fetch_module(step.key, filename) if share is not None else None
             if shared is None:
-                so_digest, producer = _link(store, recipe, plan, env), None
+                so_digest, producer = _link(ctx, job), None
             else:
                 so_digest, producer = shared
             staging.record = {
                 "format": STORE_FORMAT, "name": name, "kind": "module", "module": plan.module, "file": filename,
-                "so": so_digest, "host": host.record(), "producer_certificate": producer,
+                "so": so_digest, "host": ctx.host.record(), "producer_certificate": producer,
                 "refs": [blob_ref(so_digest), *([blob_ref(producer)] if producer else []),
-                         *(entry_ref(d.entry) for d in choices if d.entry)]}
+                         *(entry_ref(d.entry) for d in job.choices if d.entry)]}
             linked = True
             module_from = "linked" if shared is None else "fetched-remote"
     rec = store.module_record(name)
     module: ModuleBuild = {"decision": module_from, "entry": name, "producer_certificate": rec["producer_certificate"],
                            "remote": share.record() if share is not None else None}
-    cert = certificate(recipe, variant, plan, host, toolchain_id, choices, rec["so"], module, pmap)
-    raw = fs.canonical_json(cert)
+    raw = fs.canonical_json(certificate(ctx, job, rec["so"], module))
     cert_blob = store.put_blob_bytes(zstandard.ZstdCompressor(level=10).compress(raw))
     store.pin_blob(cert_blob)
     if share is not None and module_from != "fetched-remote":
-        share.upload_module(key, filename, rec["so"], cert_blob)
-    return BuiltModule(plan.module, filename, name, rec["so"], fs.sha256_bytes(raw), cert_blob, choices, linked)
+        share.upload_module(step.key, filename, rec["so"], cert_blob)
+    return BuiltModule(plan.module, filename, name, rec["so"], fs.sha256_bytes(raw), cert_blob, job.choices, linked)
 
 
 def _drop_if_corrupt(store: Store, name: str) -> None:
@@ -281,11 +236,12 @@ def _drop_if_corrupt(store: Store, name: str) -> None:
     store.drop_entry(name)
 
 
-def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) -> str:
-    limits = Limits(recipe.limits.cpus, recipe.limits.nice, recipe.limits.address_space)
-    rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=env,
-                           limits=limits, on_line=lambda _line: None)
+def _link(ctx: BuildContext, job: ModuleJob) -> str:
+    limits = ctx.recipe.limits
+    plan = job.plan
+    rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=job.env,
+                           limits=Limits(limits.cpus, limits.nice, limits.address_space), on_line=lambda _line: None)
     if rc != 0:
         raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
                          hint="see the linker's message above")
-    return store.put_blob_bytes(Path(plan.output).read_bytes())
+    return ctx.store.put_blob_bytes(Path(plan.output).read_bytes())

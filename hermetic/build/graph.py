@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.build.extension import ModuleJob, cold_weight
+from hermetic.build.extension import cold_weight
+from hermetic.build.job import ModuleJob
 from hermetic.build.objects import Decision, producer_record
 from hermetic.build.plan import Compile
 from hermetic.build.predict import IncludeScanner, Prediction, predict
@@ -172,7 +173,7 @@ class Graph:
     jobs: list[ModuleJob]
     reporter: Reporter
     on_compiles: Callable[[], None] | None = None   # called once before the scan where anything compiles
-    confirm: Callable[[], None] | None = None       # called before the first object is recorded
+    confirm: Callable[[], object] | None = None     # called before the first object is recorded
     units: list[Unit] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
 

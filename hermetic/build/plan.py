@@ -39,6 +39,25 @@ class Compile:
 
 
 @dataclass(frozen=True)
+class CudaTarget:
+    """The CUDA a module is compiled for: the toolchain's home, the recipe's architectures, and whether its nvcc
+    keeps its intermediate files beside the object (``map_flags``)."""
+    home: Path
+    archs: tuple[str, ...]
+    objdir_temps: bool = False
+
+
+@dataclass(frozen=True)
+class ModuleSite:
+    """Where one module of one variant is built: its source tree's folder (through the variant's link) and
+    files, its build folder, and the prefix map that gives those folders their fixed names."""
+    src_root: Path
+    files: list[str]
+    build_dir: Path
+    pmap: PrefixMap
+
+
+@dataclass(frozen=True)
 class BuildPlan:
     module: str
     compiles: tuple[Compile, ...]
@@ -128,14 +147,20 @@ def map_flags(pmap: PrefixMap, cuda: bool, canonical_source: str, objdir_temps: 
             *(["--objdir-as-tempdir"] if cuda and objdir_temps else [])]
 
 
-def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda_home: Path | None,
-                   archs: tuple[str, ...], src_root: Path, tree_files: list[str], build_dir: Path,
-                   pmap: PrefixMap, cxx: str = "c++", objdir_temps: bool = False) -> BuildPlan:
-    """The commands torch's JIT build would run for this extension and variant (``objdir_temps``: see
+CXX = "c++"   # the host's C++ compiler, as torch's JIT build names it (from /usr/bin: build_env's PATH)
+
+
+def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda: CudaTarget | None,
+                   site: ModuleSite) -> BuildPlan:
+    """The commands torch's JIT build would run for this extension and variant (``cuda.objdir_temps``: see
     ``map_flags``)."""
     torch = host.require_torch(host.executable)
     module = variant.module or ext.name
-    rels = select_sources(tree_files, ext.sources, ext.exclude)
+    src_root, build_dir, pmap = site.src_root, site.build_dir, site.pmap
+    cuda_home, archs = (cuda.home, cuda.archs) if cuda is not None else (None, ())
+    objdir_temps = cuda is not None and cuda.objdir_temps
+    cxx = CXX
+    rels = select_sources(site.files, ext.sources, ext.exclude)
     if not rels:
         from hermetic.errors import BadInput
         raise BadInput(f"extension {ext.name} matches no source file", hint=f"check sources = {list(ext.sources)}")
@@ -168,14 +193,14 @@ def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda_home:
 
     compiles = []
     for rel in rels:
-        cuda = rel.endswith(CUDA_SUFFIXES)
-        obj = str(build_dir / "obj" / (str(PurePosixPath(rel).with_suffix("")) + (".cuda.o" if cuda else ".o")))
+        on_gpu = rel.endswith(CUDA_SUFFIXES)
+        obj = str(build_dir / "obj" / (str(PurePosixPath(rel).with_suffix("")) + (".cuda.o" if on_gpu else ".o")))
         src = str(src_root / rel)
-        compiler = [str(cuda_home / "bin" / "nvcc")] if cuda and cuda_home else [cxx]
-        argv = (*compiler, *(cuda_flags if cuda else cflags), "-c", src, "-o", obj)
-        compiles.append(Compile(src, rel, obj, cuda, argv, obj + ".d",
-                                tuple(map_flags(pmap, cuda, pmap.canonical_path(src), objdir_temps)),
-                                unmappable(argv, cuda)))
+        compiler = [str(cuda_home / "bin" / "nvcc")] if on_gpu and cuda_home else [cxx]
+        argv = (*compiler, *(cuda_flags if on_gpu else cflags), "-c", src, "-o", obj)
+        compiles.append(Compile(src, rel, obj, on_gpu, argv, obj + ".d",
+                                tuple(map_flags(pmap, on_gpu, pmap.canonical_path(src), objdir_temps)),
+                                unmappable(argv, on_gpu)))
 
     ldflags = ["-shared", *ext.ldflags, f"-L{torch.lib}", "-lc10"]
     if with_cuda:

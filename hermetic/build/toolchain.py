@@ -14,11 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic import fs
+from hermetic.build.host import HostFacts
 from hermetic.errors import BadInput, PreconditionFailed
-from hermetic.recipe import Toolchain
+from hermetic.recipe import Recipe, Toolchain
+from hermetic.reporter import Reporter
 from hermetic.root import Root
-from hermetic.store.records import HostCompiler
-from hermetic.store.trees import FileMap
+from hermetic.store import Store, entry_ref
+from hermetic.store.records import HostCompiler, ToolchainId
+from hermetic.store.trees import FileMap, build_tree, merge_files, set_profile, tree_entry_name
+from hermetic.wheels.unpacked import Unpacked
 
 TOOL_TIMEOUT_S = 120.0  # a tool asked for its version answers in milliseconds
 
@@ -63,6 +67,62 @@ class ToolchainInfo:
         object (its static initializer's symbol among them) are the same at every compile."""
         m = re.match(r"(\d+)\.(\d+)", self.nvcc_version)
         return m is not None and (int(m.group(1)), int(m.group(2))) >= (12, 4)  # unknown: nvcc's default
+
+
+@dataclass(frozen=True)
+class PreparedToolchain:
+    info: ToolchainInfo
+    id: ToolchainId                     # what object keys name of it: the tree and the host compilers
+    compilers: dict[str, HostCompiler]
+    built: bool                         # its tree was laid out now
+
+    @classmethod
+    def stored(cls, root: Root, store: Store, recipe: Recipe, entry: str) -> PreparedToolchain:
+        """A toolchain whose tree is in the store already, as a plan sees it without preparing it: found through
+        the store (no profile made), nvcc not asked (``objdir_temps`` off: it changes the map flags only, which
+        no key holds), the host compilers as the real run records them."""
+        assert recipe.toolchain is not None
+        info = ToolchainInfo(store.entry_path(entry) / "out" / cuda_home_rel(recipe.toolchain), "", "", entry)
+        compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
+        return cls(info, {"cuda": entry, "host_compilers": compilers}, compilers, False)
+
+
+@dataclass(frozen=True)
+class ToolchainStep:
+    """What a realize decides of the toolchain: its tree's entry (None while the wheels' files are not known:
+    some are still to be fetched) and whether it is in the store (``reuse``) or laid out (``assemble``)."""
+    cuda: str
+    entry: str | None
+    action: str
+
+
+def toolchain_label(recipe: Recipe) -> str:
+    return f"{recipe.name}.toolchain"
+
+
+def plan_toolchain(store: Store, recipe: Recipe, files: FileMap | None) -> ToolchainStep:
+    """The toolchain's tree, named by the unpacked wheels' files (``files``; None when not all are known)."""
+    assert recipe.toolchain is not None
+    entry = None if files is None else \
+        tree_entry_name(toolchain_label(recipe), files, toolchain_links(recipe.toolchain, files))
+    return ToolchainStep(recipe.toolchain.cuda, entry,
+                         "reuse" if entry is not None and store.has_entry(entry) else "assemble")
+
+
+def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[Unpacked], host: HostFacts,
+                      reporter: Reporter) -> PreparedToolchain:
+    """The toolchain's wheels as a tree with its profile; nvcc, the runtime headers and torch agree."""
+    assert recipe.toolchain is not None
+    reporter.event("phase", phase="toolchain")
+    label = toolchain_label(recipe)
+    files = merge_files((u.entry, u.files) for u in unpacked)
+    tree, built = build_tree(store, label, files, toolchain_links(recipe.toolchain, files),
+                             refs=[entry_ref(u.entry) for u in unpacked])
+    profile = set_profile(root.profiles, label, store, tree)
+    info = inspect_toolchain(root, profile, recipe.toolchain, tree)
+    check_compatible(info, recipe.toolchain, host.require_torch(host.executable).cuda, host.executable)
+    compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
+    return PreparedToolchain(info, {"cuda": tree, "host_compilers": compilers}, compilers, built)
 
 
 def inspect_toolchain(root: Root, profile: Path, toolchain: Toolchain, entry: str) -> ToolchainInfo:

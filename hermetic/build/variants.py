@@ -1,47 +1,27 @@
-"""Steps 4-6 of realize for a recipe that builds: the toolchain (``prepare_toolchain``), the source trees of
-every chosen variant (``prepare_sources``), then every extension of every variant (``build_variants``), under
-the recipe's build lock. Each variant reads its sources through a folder of its own; the prefix map gives
-them one name, so variants (and other roots) compare and share objects.
+"""Steps 5-6 of realize for a recipe that builds, once its toolchain is prepared (``build.toolchain``) and its
+``BuildContext`` made: the source trees of every chosen variant (``prepare_sources``), then every extension of
+every variant (``build_variants``), under the recipe's build lock. Each variant reads its sources through a
+folder of its own; the prefix map gives them one name, so variants (and other roots) compare and share objects.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hermetic import fs
-from hermetic.build.extension import BuiltModule, ModuleJob, finish_module, plan_module, remember_build
+from hermetic.build.context import BuildContext
+from hermetic.build.extension import finish_module, place_reused, plan_module, remember_build
 from hermetic.build.graph import Graph
-from hermetic.build.host import HostFacts
-from hermetic.build.objects import InputHasher, ObjectChoice
+from hermetic.build.job import BuiltModule, ModuleJob
+from hermetic.build.objects import ObjectChoice
 from hermetic.build.sources import SourceTree, link_variant_source, realize_source
-from hermetic.build.toolchain import (
-    ToolchainInfo,
-    check_compatible,
-    host_compiler,
-    inspect_toolchain,
-    toolchain_links,
-)
 from hermetic.errors import BadInput
 from hermetic.recipe import Recipe, Variant
 from hermetic.reporter import Reporter, plural
-from hermetic.root import Root
-from hermetic.store import Store, blob_ref, entry_ref
-from hermetic.store.records import HostCompiler, ToolchainId
-from hermetic.store.trees import build_tree, merge_files, set_profile
-from hermetic.wheels.unpacked import Unpacked
-
-if TYPE_CHECKING:
-    from hermetic.build.share import ObjectShare
-
-
-@dataclass(frozen=True)
-class PreparedToolchain:
-    info: ToolchainInfo
-    id: ToolchainId                     # what object keys name of it: the tree and the host compilers
-    compilers: dict[str, HostCompiler]
-    built: bool                         # its tree was laid out now
+from hermetic.store import blob_ref, entry_ref
 
 
 @dataclass
@@ -73,54 +53,37 @@ def check_builds(recipe: Recipe) -> None:
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
 
 
-def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[Unpacked], host: HostFacts,
-                      reporter: Reporter) -> PreparedToolchain:
-    """The toolchain's wheels as a tree with its profile; nvcc, the runtime headers and torch agree."""
-    assert recipe.toolchain is not None
-    reporter.event("phase", phase="toolchain")
-    tc_name = f"{recipe.name}.toolchain"
-    tc_files = merge_files((u.entry, u.files) for u in unpacked)
-    tc_tree, built = build_tree(store, tc_name, tc_files, toolchain_links(recipe.toolchain, tc_files),
-                                refs=[entry_ref(u.entry) for u in unpacked])
-    tc_profile = set_profile(root.profiles, tc_name, store, tc_tree)
-    info = inspect_toolchain(root, tc_profile, recipe.toolchain, tc_tree)
-    check_compatible(info, recipe.toolchain, host.require_torch(host.executable).cuda, host.executable)
-    compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}
-    return PreparedToolchain(info, {"cuda": tc_tree, "host_compilers": compilers}, compilers, built)
-
-
-def prepare_sources(root: Root, store: Store, recipe: Recipe, variants: list[Variant], reporter: Reporter,
-                    share: ObjectShare | None, *, offline: bool = False) -> dict[str, dict[str, SourceTree]]:
+def prepare_sources(ctx: BuildContext, variants: list[Variant], *, offline: bool = False
+                    ) -> dict[str, dict[str, SourceTree]]:
     """variant -> source name -> its tree, with the source's and the variant's patches applied."""
-    reporter.event("phase", phase="sources")
+    recipe = ctx.recipe
+    ctx.reporter.event("phase", phase="sources")
     names = sorted({e.source for e in recipe.extensions})
     out: dict[str, dict[str, SourceTree]] = {}
     for variant in variants:
         if variant.patches and len(names) > 1:
             raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
                            where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
-        out[variant.name] = {n: realize_source(root, store, recipe.sources[n],
-                                               recipe.sources[n].patches + variant.patches, reporter, share,
+        out[variant.name] = {n: realize_source(ctx.root, ctx.store, recipe.sources[n],
+                                               recipe.sources[n].patches + variant.patches, ctx.reporter, ctx.share,
                                                offline=offline)
                              for n in names}
     return out
 
 
-def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Variant], host: HostFacts,
-                   tc: PreparedToolchain, sources: dict[str, dict[str, SourceTree]], reporter: Reporter,
-                   explain: bool, share: ObjectShare | None = None,
-                   on_compiles: Callable[[], None] | None = None,
-                   confirm: Callable[[], None] | None = None) -> RecipeBuild:
+def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str, dict[str, SourceTree]], *,
+                   explain: bool, on_compiles: Callable[[], None] | None = None,
+                   confirm: Callable[[], object] | None = None) -> RecipeBuild:
     """Every extension of every variant: certified reuse, one build graph for all their compiles
     (build/graph.py), links and certificates. ``on_compiles`` is called once, before the graph's work,
     where anything is to compile; ``confirm`` before anything is recorded (the host's facts may be a guess
     still being probed: build.host)."""
+    root, store, recipe, reporter, tc = ctx.root, ctx.store, ctx.recipe, ctx.reporter, ctx.toolchain
     assert recipe.toolchain is not None
     refs = [entry_ref(tc.id["cuda"])]
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
     jobs: list[ModuleJob] = []
-    hasher = InputHasher(root, snapshot=True)  # each input stat'ed once while planning (build.graph ends it)
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
             trees = {}
@@ -131,14 +94,17 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
                 sources_report[f"{variant.name}/{src_name}"] = {"tree": tree.entry, "files": len(tree.files)}
             for ext in recipe.extensions:
                 src_root, tree = trees[ext.source]
-                jobs.append(plan_module(root, store, recipe, ext, variant, host, tc.info, tc.id, src_root,
-                                        sorted(tree.files), reporter, hasher, share))
-        hasher.save()
+                started = time.monotonic()
+                job = plan_module(ctx, ext, variant, ctx.site(ext, variant, src_root, sorted(tree.files)))
+                job.timings["plan"] = round(time.monotonic() - started, 4)
+                place_reused(ctx, job)
+                jobs.append(job)
+        ctx.hasher.save()
         schedule = Graph(root, recipe, jobs, reporter, on_compiles, confirm).run()
         if confirm is not None:
             confirm()
-        for job, built in zip(jobs, _finish(root, store, recipe, jobs, host, tc, reporter, share), strict=True):
-            remember_build(root, recipe, job, built)
+        for job, built in zip(jobs, _finish(ctx, jobs), strict=True):
+            remember_build(ctx, job, built)
             modules.append(built)
             refs += [entry_ref(built.entry), blob_ref(built.certificate_blob)]
     per_variant: dict[str, Any] = schedule.setdefault("variants", {})
@@ -155,7 +121,7 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     _say_schedule(reporter, schedule)
     info = tc.info
     report = {
-        "host": host.to_json(),
+        "host": ctx.host.to_json(),
         "toolchain": {"entry": tc.id["cuda"], "nvcc": info.nvcc_version, "cudart": info.cudart_version,
                       "cuda_home": str(info.cuda_home), "archs": list(recipe.toolchain.archs),
                       "host_compilers": tc.compilers},
@@ -170,17 +136,15 @@ def build_variants(root: Root, store: Store, recipe: Recipe, variants: list[Vari
     return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained])
 
 
-def _finish(root: Root, store: Store, recipe: Recipe, jobs: list[ModuleJob], host: HostFacts,
-            tc: PreparedToolchain, reporter: Reporter, share: ObjectShare | None) -> list[BuiltModule]:
+def _finish(ctx: BuildContext, jobs: list[ModuleJob]) -> list[BuiltModule]:
     """Every module linked and certified, side by side (each link is a compiler process of its own; the store
     takes entries from several threads), except with a remote cache, whose client is used from one thread.
     The first failure is raised once every link has ended."""
-    if len(jobs) == 1 or share is not None:
-        return [finish_module(root, store, recipe, job, host, tc.id, reporter, share) for job in jobs]
+    if len(jobs) == 1 or ctx.share is not None:
+        return [finish_module(ctx, job) for job in jobs]
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=min(len(jobs), recipe.limits.jobs), thread_name_prefix="link") as pool:
-        futures = [pool.submit(finish_module, root, store, recipe, job, host, tc.id, reporter, None)
-                   for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(len(jobs), ctx.recipe.limits.jobs), thread_name_prefix="link") as pool:
+        futures = [pool.submit(finish_module, ctx, job) for job in jobs]
     return [f.result() for f in futures]
 
 

@@ -40,9 +40,9 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     from hermetic.realize.noop import noop_check
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
-        from hermetic.realize.pipeline import realize
-        outcome = realize(root, args.recipe, reporter, variant=args.variant, explain=args.explain, remote=remote,
-                          offline=args.offline, sandbox=args.sandbox)
+        from hermetic.realize.pipeline import RealizeOptions, realize
+        outcome = realize(root, args.recipe, reporter,
+                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox))
     else:
         reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
                                 "and hashes): nothing fetched, compiled or written")
@@ -145,7 +145,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool,
                    sandbox: str | None) -> None:
     from hermetic.errors import BadRecord
-    from hermetic.realize.pipeline import realize
+    from hermetic.realize.pipeline import RealizeOptions, realize
     from hermetic.store.roots import read_root, root_files
     for p in root_files(root.roots):
         try:
@@ -153,7 +153,7 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
         except (FileNotFoundError, BadRecord):
             continue  # dropped meanwhile, or a bad root repair could not remove: verify says so again
         if recipe.is_file():
-            realize(root, recipe, reporter, remote=remote, offline=offline, sandbox=sandbox)
+            realize(root, recipe, reporter, RealizeOptions(remote=remote, offline=offline, sandbox=sandbox))
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
 

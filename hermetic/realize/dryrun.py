@@ -30,13 +30,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hermetic.build.extension import build_env, module_key, previous_objects
+from hermetic.build.context import BuildContext
+from hermetic.build.extension import object_cache, plan_link, previous_objects
 from hermetic.build.host import HostFacts, qualify
+from hermetic.build.job import ModuleJob
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache
-from hermetic.build.plan import Compile, plan_extension, prefix_map, select_sources
+from hermetic.build.plan import Compile, plan_extension, select_sources
 from hermetic.build.predict import IncludeScanner, predict
 from hermetic.build.sources import SYSTEM_PATH, archive_wheel, prepare_outside, source_entry_name
-from hermetic.build.toolchain import ToolchainInfo, cuda_home_rel, host_compiler, toolchain_links
+from hermetic.build.toolchain import PreparedToolchain, toolchain_links
 from hermetic.build.variants import check_builds
 from hermetic.errors import HermeticError
 from hermetic.interpreter import WHERE, interpreter
@@ -48,7 +50,6 @@ from hermetic.recipe import Recipe, load_recipe
 from hermetic.reporter import Reporter, plural
 from hermetic.root import Root, sweep_outside_scratch
 from hermetic.store import Store
-from hermetic.store.records import ToolchainId
 from hermetic.store.trees import merge_files, tree_entry_name
 from hermetic.wheels.unpacked import (
     Unpacked,
@@ -201,21 +202,17 @@ class Planner:
         plan["toolchain"] = {"cuda": recipe.toolchain.cuda, "entry": tc_name,
                              "action": "reuse" if in_store else "assemble"}
         trees = self.sources(plan, recipe, variants)
-        facts: HostFacts | None = None
-        tc_id: ToolchainId | None = None
-        info: ToolchainInfo | None = None
+        ctx: BuildContext | None = None
         if in_store:
             assert tc_name is not None
-            facts = qualify(self.root, recipe.python, need_torch=True,
-                            where=recipe.doc.where("recipe", "python") if recipe.python else WHERE)
-            cuda_home = self.store.entry_path(tc_name) / "out" / cuda_home_rel(recipe.toolchain)
-            info = ToolchainInfo(cuda_home, "", "", tc_name)
-            tc_id = {"cuda": tc_name, "host_compilers": {"c++": host_compiler(self.root, "c++"),
-                                                         "gcc": host_compiler(self.root, "gcc")}}
+            facts: HostFacts = qualify(self.root, recipe.python, need_torch=True,
+                                       where=recipe.doc.where("recipe", "python") if recipe.python else WHERE)
+            ctx = BuildContext(self.root, self.store, recipe, facts,
+                               PreparedToolchain.stored(self.root, self.store, recipe, tc_name), self.reporter, None,
+                               InputHasher(self.root, snapshot=True))   # read, never saved
         else:
             self.notes.append("the toolchain's tree is not in the store yet: it is part of every object's key, so "
                               "every object is compiled")
-        hasher = InputHasher(self.root, snapshot=True)   # read, never saved
         scanner = IncludeScanner(self.root)
         pending: dict[str, tuple[Compile, ObjectCache, dict[str, Any]]] = {}
         for variant in variants:
@@ -227,18 +224,15 @@ class Planner:
                 if tree_files is None:
                     mod.update(action="link", objects_unknown=True)
                     continue
-                if facts is None or tc_id is None or info is None or src_root is None:
+                if ctx is None or src_root is None:
                     why = "the toolchain's tree is not in the store yet"
                     mod["objects"] = [{"source": rel, "decision": "compiled", "reason": why}
                                       for rel in select_sources(tree_files, ext.sources, ext.exclude)]
                     mod["action"] = "link"
                     continue
-                build_dir = self.root.path / "build" / recipe.name / variant.name / ext.name
-                pmap = prefix_map(self.root.path, ext.source, src_root, build_dir, info.cuda_home, facts)
-                bplan = plan_extension(ext, variant, facts, info.cuda_home, recipe.toolchain.archs, src_root,
-                                       tree_files, build_dir, pmap, objdir_temps=info.objdir_temps)
-                cache = ObjectCache(self.root, self.store, tc_id, build_env(self.root, info), facts.identity(),
-                                    pmap, hasher)
+                site = ctx.site(ext, variant, src_root, tree_files)
+                bplan = plan_extension(ext, variant, ctx.host, ctx.cuda, site)
+                cache = object_cache(ctx, site.pmap)
                 previous = previous_objects(self.store, self.root.cache("builds").get(
                     f"{recipe.name}.{variant.name}.{ext.name}"))
                 digests: list[str] = []
@@ -266,8 +260,9 @@ class Planner:
                         digests.append(d.record["object"])
                     mod["objects"].append(obj)
                 if len(digests) == len(bplan.compiles):
-                    _key, entry = module_key(bplan, facts, tc_id, pmap, digests)
-                    mod.update(action="reuse" if self.store.has_entry(entry) else "link", entry=entry)
+                    job = ModuleJob(ext, variant, bplan, site.build_dir, site.pmap, ctx.env, cache, [], {})
+                    step = plan_link(ctx, job, digests)
+                    mod.update(action=step.action, entry=step.entry)
                 else:
                     mod["action"] = "link"
 

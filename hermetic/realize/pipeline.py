@@ -15,8 +15,10 @@
     8. check      the modules imported together in a fresh interpreter, no CUDA context
     9. receipt    the gc root, the receipt, the no-op record
 
-A realize whose inputs have not changed stops at step 0: it fetches nothing, writes nothing in the store
-and imports neither requests nor torch (this module is not even imported then).
+``realize`` reads as that list: each step is a function that takes what it needs and returns what it made
+(as pypa/installer's ``_core.install``); only ``Pending`` (what a failed realize must stop) and the step clock
+change as it goes. A realize whose inputs have not changed stops at step 0: it fetches nothing, writes nothing in
+the store and imports neither requests nor torch (this module is not even imported then).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hermetic import procs
 from hermetic.audit import OutsideRootAudit
@@ -47,55 +49,330 @@ from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import Unpacked, WheelTally, fetch_and_unpack, offline_error, offline_missing
 
 if TYPE_CHECKING:
-    from hermetic.build.host import HostFacts, Qualifying
+    from hermetic.build.context import BuildContext
+    from hermetic.build.host import Qualifying
     from hermetic.build.importcheck import ImportCheck
-    from hermetic.build.sources import SourceTree
-    from hermetic.build.variants import PreparedToolchain, RecipeBuild
+    from hermetic.build.variants import RecipeBuild
     from hermetic.remote.layout import Sharing
     from hermetic.remote.settings import RemoteOptions
 
 
-def realize(root: Root, recipe_path: Path, reporter: Reporter, *, variant: str | None = None,
-            explain: bool = False, remote: RemoteOptions | None = None, offline: bool = False,
-            sandbox: str | None = None) -> Outcome:
-    """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``).
-    ``offline``: nothing is fetched (no index, no remote cache); what would have to be is a failed precondition.
-    ``sandbox``: the command line's mode (``--sandbox``), which wins over HERMETIC_SANDBOX and the recipe's."""
+class RealizeOptions(NamedTuple):
+    """What the command line asks of a realize beyond the recipe."""
+    variant: str | None = None              # --variant: that variant alone, else every default one
+    explain: bool = False                   # --explain: every object's decision said (the caller skips step 0)
+    remote: RemoteOptions | None = None     # --remote-cache and its mode
+    offline: bool = False                   # nothing fetched: what would have to be is a failed precondition
+    sandbox: str | None = None              # --sandbox, which wins over HERMETIC_SANDBOX and the recipe's
+
+
+def realize(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Outcome:
+    """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``)."""
     from hermetic.build.host import GuessWrong
     try:
-        return _attempt(root, recipe_path, reporter, variant, explain, remote, offline, sandbox, guess=True)
+        return _attempt(root, recipe_path, reporter, options, guess=True)
     except GuessWrong as e:  # nothing was recorded with the guess: the probe's answer is cached now
         reporter.warn(f"{e}: realizing again with the probe's answer")
-        return _attempt(root, recipe_path, reporter, variant, explain, remote, offline, sandbox, guess=False)
+        return _attempt(root, recipe_path, reporter, options, guess=False)
 
 
-def _attempt(root: Root, recipe_path: Path, reporter: Reporter, variant: str | None, explain: bool,
-             remote: RemoteOptions | None, offline: bool, sandbox: str | None, *, guess: bool) -> Outcome:
-    r = Realization(root, recipe_path, reporter, variant, explain, remote, offline)
-    r.guess = guess
-    r.validate(sandbox)     # 1
-    with r.sandbox.confined():
+def _attempt(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions, *,
+             guess: bool) -> Outcome:
+    clock, audit = Clock(), start_audit(root)
+    job = validate(root, recipe_path, reporter, options)                                     # 1
+    pending = Pending()   # what a failed realize must stop: the host's probe, the import check's interpreter
+    with job.sandbox.confined():
         try:
-            r.qualify()         # 2
-            r.fetch()           # 3
-            r.toolchain()       # 4
-            r.sources()         # 5
-            r.build()           # 6
-            r.materialize()     # 7
-            r.check()           # 8
-            return r.receipt()  # 9
+            qualified = qualify(root, job)                                                   # 2
+            host = pending.qualifying = start_host(root, job, guess=guess)
+            clock.lap("qualify")
+            fetched = fetch(job, qualified, reporter, options.offline)                       # 3
+            clock.lap("fetch")
+            ctx: BuildContext | None = None
+            built: RecipeBuild | None = None
+            if host is not None:
+                ctx = build_context(root, job, fetched, host, reporter)                      # 4
+                host.confirm(wait=False)   # where the probe has answered already
+                clock.lap("toolchain")
+                from hermetic.build.variants import prepare_sources
+                trees = prepare_sources(ctx, job.variants, offline=options.offline)          # 5
+                host.confirm(wait=False)
+                clock.lap("sources")
+                pending.import_check = import_check(ctx, job.name)
+                built = build(ctx, job, trees, host, pending.import_check, early=not fetched.environment,
+                              explain=options.explain)                                       # 6
+                clock.lap("build")
+            env = materialize(root, job, qualified, fetched, built, reporter)                # 7
+            clock.lap("materialize")
+            check_imports(pending.import_check, built, env, reporter, clock)                 # 8
+            return finish(root, job, qualified, fetched, Built(ctx, built), env, Trail(audit, clock),
+                          reporter)                                                          # 9
         except HermeticError:
-            # an error found with guessed facts is only reported once the probe has confirmed them
-            if r.qualifying is not None:
-                r.qualifying.confirm()
+            pending.confirm()   # an error found with guessed facts is said only once the probe confirms them
             raise
         finally:
-            if r.import_check is not None:  # started early and not needed: a failed build
-                r.import_check.cancel()
-            if r.qualifying is not None:
-                r.qualifying.cancel()
+            pending.cancel()
 
 
+# the values the steps hand on ----------------------------------------------------------------------------
+class Validated(NamedTuple):
+    """Step 1: the recipe, what of it is realized and where."""
+    recipe: Recipe
+    variants: list[Variant]
+    variant: str | None                 # as asked (--variant), for the no-op record's key
+    name: str                           # the realized name: recipe, or recipe.variant
+    store: Store
+    share: Sharing | None               # the remote cache, where one is used
+    sandbox: Sandbox
+    lock_folder: Path
+
+    @property
+    def builds(self) -> bool:
+        return bool(self.recipe.extensions)
+
+
+class Qualified(NamedTuple):
+    """Step 2: the interpreter the environment is for, and the locks evaluated for it."""
+    python: Interpreter
+    locks: list[Lock]
+    toolchain_locks: list[Lock]         # the toolchain's lock of a recipe that builds (none or one)
+
+
+class Fetched(NamedTuple):
+    """Step 3: every locked wheel as an unpacked entry, and what it took."""
+    environment: list[Unpacked]
+    toolchain: list[Unpacked]
+    tally: WheelTally
+
+
+class Built(NamedTuple):
+    """Steps 4-6 of a recipe that builds (both None for one that does not)."""
+    ctx: BuildContext | None
+    build: RecipeBuild | None
+
+
+class Materialized(NamedTuple):
+    """Step 7: the environment's tree and its profile."""
+    files: FileMap
+    refs: list[str]
+    tree: str
+    tree_built: bool
+    profile: Path
+    folder: Path                        # the tree's files in the store (pinned by this process)
+
+
+class Trail(NamedTuple):
+    """What watched the whole realize: the outside-root audit and the step clock."""
+    audit: OutsideRootAudit
+    clock: Clock
+
+
+class Pending:
+    """What a failed realize must stop, and a failed one confirm before it says its error: the host's probe,
+    the import check's interpreter (started early, beside the compiles)."""
+    __slots__ = ("qualifying", "import_check")
+
+    def __init__(self) -> None:
+        self.qualifying: Qualifying | None = None
+        self.import_check: ImportCheck | None = None
+
+    def confirm(self) -> None:
+        if self.qualifying is not None:
+            self.qualifying.confirm()
+
+    def cancel(self) -> None:
+        if self.import_check is not None:  # started early and not needed: a failed build
+            self.import_check.cancel()
+        if self.qualifying is not None:
+            self.qualifying.cancel()
+
+
+class Clock:
+    """The receipt's ``timings``: each step's seconds since the last lap (the first since the start, validate
+    included), and the total."""
+    __slots__ = ("started", "last", "timings")
+
+    def __init__(self) -> None:
+        self.started = self.last = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, step: str) -> float:
+        now = time.monotonic()
+        self.timings[step] = round(now - self.last, 4)
+        self.last = now
+        return self.timings[step]
+
+    def total(self) -> None:
+        self.timings["total"] = round(time.monotonic() - self.started, 4)
+
+
+# the steps -------------------------------------------------------------------------------------------------
+def start_audit(root: Root) -> OutsideRootAudit:
+    audit = OutsideRootAudit(root.path)   # what children leave outside the root
+    audit.start()
+    return audit
+
+
+def validate(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Validated:
+    recipe = load_recipe(recipe_path)
+    variants = chosen_variants(recipe, options.variant)
+    name = recipe.name if options.variant is None else f"{recipe.name}.{options.variant}"
+    root.ensure()
+    limits = recipe.limits
+    mode, set_by = resolve_mode(options.sandbox, limits.sandbox,
+                                recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
+    lock_folder = lock_dir(None)
+    sandbox = choose(root, mode, set_by, lock_folder)
+    say_sandbox(reporter, sandbox, f"realizing {name}")
+    store = Store(root.store).open()
+    share = open_sharing(store, recipe, options.remote, reporter, options.offline)
+    if recipe.extensions:
+        from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
+        check_builds(recipe)
+    return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder)
+
+
+def qualify(root: Root, job: Validated) -> Qualified:
+    recipe = job.recipe
+    python = interpreter(root, recipe.python, recipe.doc.where("recipe", "python") if recipe.python else WHERE)
+    cache = root.cache("locks")
+    tc_lock = recipe.toolchain_lock if job.builds else None
+    locks = [read_lock_cached(cache, p, python) for p in recipe.locks if p != tc_lock]
+    return Qualified(python, locks, [read_lock_cached(cache, tc_lock, python)] if tc_lock is not None else [])
+
+
+def start_host(root: Root, job: Validated, *, guess: bool) -> Qualifying | None:
+    """The host's facts of a recipe that builds: cached, probed, or guessed while the probe runs (build.host)."""
+    if not job.builds:
+        return None
+    from hermetic.build.host import start_qualify
+    recipe = job.recipe
+    return start_qualify(root, recipe.python, guess=guess,
+                         where=recipe.doc.where("recipe", "python") if recipe.python else WHERE)
+
+
+def fetch(job: Validated, qualified: Qualified, reporter: Reporter, offline: bool) -> Fetched:
+    tags = qualified.python.tags
+    if offline and (missing := [*offline_missing(job.store, qualified.locks, tags),
+                                *offline_missing(job.store, qualified.toolchain_locks, tags)]):
+        raise offline_error(missing)  # every missing wheel of every lock named at once, before any work
+    env, tally = fetch_and_unpack(job.store, qualified.locks, reporter, job.share, tags, offline=offline)
+    tc: list[Unpacked] = []
+    if qualified.toolchain_locks:
+        tc, tc_tally = fetch_and_unpack(job.store, qualified.toolchain_locks, reporter, job.share, tags,
+                                        offline=offline)
+        tally += tc_tally
+    return Fetched(env, tc, tally)
+
+
+def build_context(root: Root, job: Validated, fetched: Fetched, host: Qualifying, reporter: Reporter
+                  ) -> BuildContext:
+    """Step 4: the toolchain prepared, and with it what every later step of the build reads."""
+    from hermetic.build.context import BuildContext
+    from hermetic.build.objects import InputHasher
+    from hermetic.build.toolchain import prepare_toolchain
+    toolchain = prepare_toolchain(root, job.store, job.recipe, fetched.toolchain, host.facts, reporter)
+    # each input stat'ed once while planning (build.graph makes the hasher live before the first compile)
+    return BuildContext(root, job.store, job.recipe, host.facts, toolchain, reporter, job.share,
+                        InputHasher(root, snapshot=True))
+
+
+def import_check(ctx: BuildContext, name: str) -> ImportCheck:
+    from hermetic.build.importcheck import ImportCheck
+    return ImportCheck(ctx.root, ctx.host.executable, ctx.root.profiles / name, ctx.env)
+
+
+def build(ctx: BuildContext, job: Validated, trees: Any, host: Qualifying, importer: ImportCheck, *,
+          early: bool, explain: bool) -> RecipeBuild:
+    """Step 6. The import check's interpreter imports torch while the compiles run, where the profile holds no
+    wheels that torch's import could read (``early``: they are laid out in step 7; importcheck.py)."""
+    from hermetic.build.variants import build_variants
+    if ctx.share is not None:  # objects fetched from the remote are stored under keys that name the host
+        host.confirm()
+    built = build_variants(ctx, job.variants, trees, explain=explain, on_compiles=importer.start if early else None,
+                           confirm=host.confirm)
+    built.report["qualification"] = host.record()
+    return built
+
+
+def materialize(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, built: RecipeBuild | None,
+                reporter: Reporter) -> Materialized:
+    reporter.event("phase", phase="materializing")
+    python = qualified.python
+    exe = python.executable
+    unpacked = fetched.environment
+    store = job.store
+    bin_files = launchers(store, [(u.entry, s) for u in unpacked for s in u.scripts], exe)
+    files = merge_files([*((u.entry, with_shebangs(store, u.entry, u.files, u.shebangs, exe)
+                           if u.shebangs else u.files) for u in unpacked),
+                         ("the launchers for " + python.label, bin_files)])
+    links = toolchain_links(job.recipe.toolchain, files) if job.recipe.toolchain and not job.builds else {}
+    refs = [entry_ref(u.entry) for u in unpacked]
+    if built is not None:
+        files.update({m.filename: (m.digest, False) for m in built.modules})
+        refs += built.refs
+    tree, tree_built = build_tree(store, job.name, files, links, refs=refs)
+    return Materialized(files, refs, tree, tree_built, set_profile(root.profiles, job.name, store, tree),
+                        store.entry_path(tree) / "out")
+
+
+def check_imports(check: ImportCheck | None, built: RecipeBuild | None, env: Materialized, reporter: Reporter,
+                  clock: Clock) -> None:
+    """Step 8: the modules built, imported together from the tree this process pinned (never through the
+    profile, which `gc --drop-root` may remove); its seconds in the build's schedule too."""
+    if built is None:
+        return
+    assert check is not None and env.profile == check.profile
+    reporter.event("phase", phase="checking")
+    built.report["import_check"] = check.run([m.module for m in built.modules], env.tree, env.folder)
+    built.report["schedule"]["import_check_s"] = clock.lap("check")
+
+
+def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, built: Built, env: Materialized,
+           trail: Trail, reporter: Reporter) -> Outcome:
+    """Step 9: the gc root, the receipt (its own, even when nothing changed: the latest one in the folder may be
+    another process's, which built what this one found built), the no-op record."""
+    t, b = fetched.tally, built.build
+    counts = Counts(t.wheels, t.fetched, t.fetched_bytes, t.unpacked, t.reused, len(env.files),
+                    ObjectCounts.from_decisions(b.decisions) if b is not None else None,
+                    b.linked if b is not None else None)
+    report: dict[str, Any] = {"interpreter": qualified.python.summary(), **(b.report if b is not None else {})}
+    if job.share is not None:
+        report["remote"] = job.share.summary()
+        job.share.close()
+    entries = sorted({env.tree, *split_refs(env.refs)[0]})
+    changed = (b is not None and b.changed) or env.tree_built or t.fetched > 0 or t.unpacked > 0
+    tc = job.recipe.toolchain
+    outcome = Outcome(job.name, job.recipe.path, env.profile, env.tree, entries, counts, trail.clock.timings,
+                      changed=changed, python=job.recipe.python, archs=list(tc.archs) if tc else [],
+                      cuda=tc.cuda if tc else None)
+    reporter.event("phase", phase="receipt")
+    outcome.changed |= write_root(root, job.name, job.recipe.path, entries)
+    # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
+    set_profile(root.profiles, job.name, job.store, env.tree)
+    report["sandbox"] = job.sandbox.record()
+    say_refused(reporter, job.sandbox)
+    say_bytecode_cleared(reporter)
+    report["outside_root_audit"] = trail.audit.finish(children=children_since(trail.audit.started),
+                                                      exclude=[job.lock_folder])
+    trail.clock.total()   # the realize's one duration, as the command says it (writing the receipt not included)
+    outcome.receipt = write_receipt(root, outcome, [*qualified.locks, *qualified.toolchain_locks],
+                                    [*fetched.environment, *fetched.toolchain], report)
+    record_inputs(root, job.recipe.path, job.variant, job.recipe.inputs(),
+                  [*host_paths(built.ctx), Path(qualified.python.executable)], outcome)
+    return outcome
+
+
+def host_paths(ctx: BuildContext | None) -> list[Path]:
+    """The host's files a no-op trusts by fingerprint beside the recipe's interpreter: torch's, the compilers'."""
+    if ctx is None:
+        return []
+    torch = ctx.host.torch
+    return [Path(ctx.host.executable), *([Path(torch.version_file)] if torch else []),
+            *(Path(cxx["path"]) for cxx in ctx.toolchain.compilers.values())]
+
+
+# said and shared with `hermetic run` and `verify --rebuild-sample` ------------------------------------------
 def say_sandbox(reporter: Reporter, sandbox: Sandbox, what: str) -> None:
     """One line where the children run without a sandbox although it was not turned off."""
     if not sandbox.used and sandbox.mode != "off":
@@ -116,216 +393,6 @@ def say_refused(reporter: Reporter, sandbox: Sandbox) -> None:
     for r in sandbox.confinement.refused if sandbox.confinement is not None else []:
         reporter.warn(f"the sandbox refused {r.program} a write to {r.path} (it carried on): {r.line.strip()}",
                       path=r.path)
-
-
-class Realization:
-    """The state one realize carries from step to step."""
-
-    def __init__(self, root: Root, recipe_path: Path, reporter: Reporter, variant: str | None, explain: bool,
-                 remote: RemoteOptions | None, offline: bool = False) -> None:
-        self.root, self.recipe_path, self.reporter = root, recipe_path, reporter
-        self.variant, self.explain, self.remote_options, self.offline = variant, explain, remote, offline
-        self.started = self.lap_started = time.monotonic()
-        self.timings: dict[str, float] = {}
-        self.tally = WheelTally()
-        self.report: dict[str, Any] = {}
-        self.audit = OutsideRootAudit(root.path)   # what children leave outside the root
-        self.audit.start()
-        self.share: Sharing | None = None
-        self.facts: HostFacts | None = None
-        self.qualifying: Qualifying | None = None   # the host's facts, possibly still being probed
-        self.guess = True
-        self.python: Interpreter | None = None
-        self.locks: list[Lock] = []
-        self.toolchain_lock: Lock | None = None
-        self.unpacked: list[Unpacked] = []
-        self.toolchain_unpacked: list[Unpacked] = []
-        self.tc: PreparedToolchain | None = None
-        self.trees: dict[str, dict[str, SourceTree]] = {}
-        self.built: RecipeBuild | None = None
-        self.import_check: ImportCheck | None = None
-        self.files: FileMap = {}
-        self.refs: list[str] = []
-        self.tree = ""
-        self.tree_built = False
-        self.profile = root.profiles
-
-    def lap(self, step: str) -> None:
-        now = time.monotonic()
-        self.timings[step] = round(now - self.lap_started, 4)
-        self.lap_started = now
-
-    @property
-    def builds(self) -> bool:
-        return bool(self.recipe.extensions)
-
-    def validate(self, sandbox: str | None = None) -> None:
-        self.recipe = load_recipe(self.recipe_path)
-        self.variants = chosen_variants(self.recipe, self.variant)
-        self.name = self.recipe.name if self.variant is None else f"{self.recipe.name}.{self.variant}"
-        self.root.ensure()
-        limits = self.recipe.limits
-        mode, set_by = resolve_mode(sandbox, limits.sandbox,
-                                    self.recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
-        self.lock_folder = lock_dir(None)
-        self.sandbox = choose(self.root, mode, set_by, self.lock_folder)
-        say_sandbox(self.reporter, self.sandbox, f"realizing {self.name}")
-        self.store = Store(self.root.store).open()
-        self.share = open_sharing(self.store, self.recipe, self.remote_options, self.reporter, self.offline)
-        if self.builds:
-            from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
-            check_builds(self.recipe)
-
-    def qualify(self) -> None:
-        self.python = interpreter(self.root, self.recipe.python, self.recipe.doc.where("recipe", "python")
-                                  if self.recipe.python else WHERE)
-        self.report["interpreter"] = self.python.summary()
-        cache = self.root.cache("locks")
-        tc_lock = self.recipe.toolchain_lock if self.builds else None
-        self.locks = [read_lock_cached(cache, p, self.python) for p in self.recipe.locks if p != tc_lock]
-        if tc_lock is not None:
-            self.toolchain_lock = read_lock_cached(cache, tc_lock, self.python)
-        if self.builds:
-            from hermetic.build.host import start_qualify
-            self.qualifying = start_qualify(self.root, self.recipe.python, guess=self.guess,
-                                            where=self.recipe.doc.where("recipe", "python") if self.recipe.python
-                                            else WHERE)
-            self.facts = self.qualifying.facts
-        self.lap("qualify")
-
-    def confirm_facts(self, *, wait: bool = True) -> None:
-        """The host's facts, confirmed by the probe (``wait``), or where it has answered already."""
-        if self.qualifying is not None:
-            self.qualifying.confirm(wait=wait)
-
-    def fetch(self) -> None:
-        assert self.python is not None
-        tags = self.python.tags
-        if self.offline and (missing := [*offline_missing(self.store, self.locks, tags),
-                                         *offline_missing(self.store, self.toolchain_locks(), tags)]):
-            raise offline_error(missing)  # every missing wheel of every lock named at once, before any work
-        self.unpacked, self.tally = fetch_and_unpack(self.store, self.locks, self.reporter, self.share, tags,
-                                                     offline=self.offline)
-        if self.toolchain_lock is not None:
-            self.toolchain_unpacked, tc_tally = fetch_and_unpack(self.store, [self.toolchain_lock], self.reporter,
-                                                                 self.share, tags, offline=self.offline)
-            self.tally += tc_tally
-        self.lap("fetch")
-
-    def toolchain(self) -> None:
-        if not self.builds:
-            return
-        from hermetic.build.variants import prepare_toolchain
-        assert self.facts is not None
-        self.tc = prepare_toolchain(self.root, self.store, self.recipe, self.toolchain_unpacked, self.facts,
-                                    self.reporter)
-        self.confirm_facts(wait=False)
-        self.lap("toolchain")
-
-    def sources(self) -> None:
-        if not self.builds:
-            return
-        from hermetic.build.variants import prepare_sources
-        self.trees = prepare_sources(self.root, self.store, self.recipe, self.variants, self.reporter, self.share,
-                                     offline=self.offline)
-        self.confirm_facts(wait=False)
-        self.lap("sources")
-
-    def build(self) -> None:
-        if not self.builds:
-            return
-        from hermetic.build.extension import build_env
-        from hermetic.build.importcheck import ImportCheck
-        from hermetic.build.variants import build_variants
-        assert self.facts is not None and self.tc is not None
-        if self.share is not None:  # objects fetched from the remote are stored under keys that name the host
-            self.confirm_facts()
-        # the check's interpreter imports torch while the compiles run, where the profile holds no wheels that
-        # torch's import could read (they are laid out in step 7): importcheck.py
-        self.import_check = ImportCheck(self.root, self.facts.executable, self.root.profiles / self.name,
-                                        build_env(self.root, self.tc.info))
-        self.built = build_variants(self.root, self.store, self.recipe, self.variants, self.facts, self.tc,
-                                    self.trees, self.reporter, self.explain, self.share,
-                                    on_compiles=None if self.unpacked else self.import_check.start,
-                                    confirm=self.confirm_facts)
-        self.report.update(self.built.report)
-        if self.qualifying is not None:
-            self.report["qualification"] = self.qualifying.record()
-        self.lap("build")
-
-    def materialize(self) -> None:
-        self.reporter.event("phase", phase="materializing")
-        assert self.python is not None
-        exe = self.python.executable
-        bin_files = launchers(self.store, [(u.entry, s) for u in self.unpacked for s in u.scripts], exe)
-        self.files = merge_files([*((u.entry, with_shebangs(self.store, u.entry, u.files, u.shebangs, exe)
-                                     if u.shebangs else u.files) for u in self.unpacked),
-                                  ("the launchers for " + self.python.label, bin_files)])
-        links = toolchain_links(self.recipe.toolchain, self.files) if self.recipe.toolchain and not self.builds \
-            else {}
-        self.refs = [entry_ref(u.entry) for u in self.unpacked]
-        if self.built is not None:
-            self.files.update({m.filename: (m.digest, False) for m in self.built.modules})
-            self.refs += self.built.refs
-        self.tree, self.tree_built = build_tree(self.store, self.name, self.files, links, refs=self.refs)
-        self.profile = set_profile(self.root.profiles, self.name, self.store, self.tree)
-        self.lap("materialize")
-
-    def check(self) -> None:
-        if self.built is None:
-            return
-        assert self.import_check is not None and self.profile == self.import_check.profile
-        self.reporter.event("phase", phase="checking")
-        # from the tree this process pinned, never through the profile gc --drop-root may remove
-        self.report["import_check"] = self.import_check.run([m.module for m in self.built.modules], self.tree,
-                                                            self.store.entry_path(self.tree) / "out")
-        self.lap("check")
-        self.report["schedule"]["import_check_s"] = self.timings["check"]
-
-    def receipt(self) -> Outcome:
-        t = self.tally
-        counts = Counts(t.wheels, t.fetched, t.fetched_bytes, t.unpacked, t.reused, len(self.files),
-                        ObjectCounts.from_decisions(self.built.decisions) if self.built is not None else None,
-                        self.built.linked if self.built is not None else None)
-        if self.share is not None:
-            self.report["remote"] = self.share.summary()
-            self.share.close()
-        entries = sorted({self.tree, *split_refs(self.refs)[0]})
-        changed = (self.built is not None and self.built.changed) or self.tree_built \
-            or t.fetched > 0 or t.unpacked > 0
-        tc = self.recipe.toolchain
-        outcome = Outcome(self.name, self.recipe.path, self.profile, self.tree, entries, counts, self.timings,
-                          changed=changed, python=self.recipe.python, archs=list(tc.archs) if tc else [],
-                          cuda=tc.cuda if tc else None)
-        self.reporter.event("phase", phase="receipt")
-        outcome.changed |= write_root(self.root, self.name, self.recipe.path, entries)
-        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
-        set_profile(self.root.profiles, self.name, self.store, self.tree)
-        # its own receipt, even when it changed nothing: the latest one in the folder may be another
-        # process's, which built what this one found built (a no-op returns the receipt its record names)
-        self.report["sandbox"] = self.sandbox.record()
-        say_refused(self.reporter, self.sandbox)
-        say_bytecode_cleared(self.reporter)
-        self.report["outside_root_audit"] = self.audit.finish(children=children_since(self.audit.started),
-                                                              exclude=[self.lock_folder])
-        # the realize's one duration, in its receipt as the command says it (writing the receipt not included)
-        self.timings["total"] = round(time.monotonic() - self.started, 4)
-        outcome.receipt = write_receipt(self.root, outcome, [*self.locks, *self.toolchain_locks()],
-                                        [*self.unpacked, *self.toolchain_unpacked], self.report)
-        host = [*self._host_paths(), *([Path(self.python.executable)] if self.python else [])]
-        record_inputs(self.root, self.recipe.path, self.variant, self.recipe.inputs(), host, outcome)
-        return outcome
-
-    def toolchain_locks(self) -> list[Lock]:
-        return [self.toolchain_lock] if self.toolchain_lock is not None else []
-
-    def _host_paths(self) -> list[Path]:
-        """The host's files a no-op trusts by fingerprint: the recipe's interpreter, torch, the compilers."""
-        if self.facts is None or self.tc is None:
-            return []
-        torch = self.facts.torch
-        return [Path(self.facts.executable), *([Path(torch.version_file)] if torch else []),
-                *(Path(cxx["path"]) for cxx in self.tc.compilers.values())]
 
 
 def children_since(started: float) -> list[tuple[float, float, str, bool]]:

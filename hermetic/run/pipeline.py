@@ -64,8 +64,8 @@ def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remot
     for path in runner.device(kind).realize:
         outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
         if outcome is None:
-            from hermetic.realize.pipeline import realize
-            outcome = realize(root, path, reporter, remote=remote, offline=offline, sandbox=sandbox)
+            from hermetic.realize.pipeline import RealizeOptions, realize
+            outcome = realize(root, path, reporter, RealizeOptions(remote=remote, offline=offline, sandbox=sandbox))
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
         cuda_home = toolchain_home(root, load_recipe(path))
         out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
