@@ -93,3 +93,40 @@ def test_no_module_but_build_host_reads_host_facts_by_key() -> None:
                  for line, what in host_key_reads(tree)]
     assert not offenders, f"host facts are read through build.host.HostFacts, by key only in {HOST_MODULE}:\n" + \
         "\n".join(offenders)
+
+
+# --- the pipelines pass values: no step takes more than eight parameters ----------------------------------------
+
+PIPELINE_ROOMS = ("hermetic/build/", "hermetic/realize/", "hermetic/run/")
+MAX_PARAMETERS = 8
+
+
+def wide_functions(tree: ast.AST, limit: int = MAX_PARAMETERS) -> list[tuple[int, str, int]]:
+    """(line, name, parameters) of every function taking more than ``limit``: positional, keyword-only,
+    ``*args`` and ``**kwargs`` each count one; ``self`` and ``cls`` do not."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            if names and names[0] in ("self", "cls"):
+                names = names[1:]
+            n = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+            if n > limit:
+                found.append((node.lineno, node.name, n))
+    return sorted(found)
+
+
+def test_the_parameter_count_sees_each_kind() -> None:
+    code = ("def a(p1, p2, p3, p4, p5, p6, p7, p8): ...\ndef b(p1, p2, p3, p4, p5, p6, p7, *, p8, p9): ...\n"
+            "class C:\n    def m(self, p1, p2, p3, p4, p5, p6, p7, p8): ...\n"
+            "def d(p1, p2, p3, p4, p5, p6, p7, *args, **kwargs): ...\n"
+            "async def e(p1, p2, p3, p4, p5, p6, p7, p8, p9): ...\n")
+    assert wide_functions(ast.parse(code)) == [(2, "b", 9), (5, "d", 9), (6, "e", 9)]
+
+
+def test_no_step_of_the_pipelines_takes_more_than_eight_parameters() -> None:
+    offenders = [f"{rel}:{line}: {name} takes {n}" for rel, tree in _sources().items()
+                 if rel.startswith(PIPELINE_ROOMS) for line, name, n in wide_functions(tree)]
+    assert not offenders, "pass a value (an options tuple, a step's result, the build's context) instead:\n" + \
+        "\n".join(offenders)

@@ -280,12 +280,10 @@ def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.run.pipeline import run
-    out = run(root, args.runner, reporter, device=args.device, gpu_index=args.gpu, peer_index=args.peer,
-              repetitions=args.repetitions,
-              power_cap=args.power_cap, lock_timeout=args.lock_timeout, states=args.states,
-              record_digests=args.record_digests, remote=_remote(args), offline=args.offline,
-              sandbox=args.sandbox)
+    from hermetic.run.pipeline import RunOptions, run
+    out = run(root, args.runner, reporter,
+              RunOptions(args.device, args.gpu, args.peer, args.repetitions, args.power_cap, args.lock_timeout,
+                         args.states, args.record_digests, _remote(args), args.offline, args.sandbox))
     body = out.summary
     if out.exit_code:
         reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "

@@ -77,12 +77,12 @@ def _held_by(holder: str) -> str:
     return f"held by {holder}" if holder else "holder unknown"
 
 
-def gpu_preconditions(runner: Runner, realized: list[dict[str, Any]], index: int, spec: Any, *,
-                       peer: bool = False) -> Any:
+def gpu_preconditions(runner: Runner, archs: tuple[str, ...], cuda: str | None, index: int, spec: Any, *,
+                      peer: bool = False) -> Any:
+    """The GPU's facts read again (now that the lock is ours), checked against the runner's limits and what
+    the realized modules were built for (``archs``, the toolchain's ``cuda``); a failed precondition if not."""
     from hermetic.run.gpu import check_preconditions, nvml_facts, own_process_tree
     facts = nvml_facts(index)  # again, now that the lock is ours
-    archs = tuple(a for r in realized for a in r["archs"])
-    cuda = max((r["cuda"] for r in realized if r["cuda"]), default=None)
     failures = check_preconditions(facts, power_cap_w=None if peer else spec.power_cap_w,
                                    min_free_memory=spec.min_free_memory,
                                    archs=archs, toolchain_cuda=cuda, own_pids=own_process_tree())

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hermetic import __version__, fs
 from hermetic.errors import BadInput, SandboxRefused
@@ -41,8 +41,12 @@ from hermetic.run.digests import (
     record_reference,
     split_by_class,
 )
-from hermetic.run.spec import Runner, load_runner
+from hermetic.run.spec import DeviceSpec, Runner, load_runner
 from hermetic.store import entry_ref
+
+if TYPE_CHECKING:
+    from hermetic.remote.settings import RemoteOptions
+    from hermetic.sandbox import Sandbox
 
 
 @dataclass
@@ -54,43 +58,336 @@ class RunOutcome:
     summary: dict[str, Any] = field(default_factory=dict)
 
 
-# realize ---------------------------------------------------------------------------------------------------
-def realize_all(root: Root, runner: Runner, kind: str, reporter: Reporter, remote: Any = None,
-                offline: bool = False, sandbox: str | None = None) -> list[dict[str, Any]]:
-    from hermetic.realize.env import toolchain_home
-    from hermetic.realize.noop import noop_check
-    from hermetic.recipe import load_recipe
-    out = []
-    for path in runner.device(kind).realize:
-        outcome = noop_check(root, path, None)  # step 0 once, then the rest only when something changed
-        if outcome is None:
-            from hermetic.realize.pipeline import RealizeOptions, realize
-            outcome = realize(root, path, reporter, RealizeOptions(remote=remote, offline=offline, sandbox=sandbox))
-        # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
-        cuda_home = toolchain_home(root, load_recipe(path))
-        out.append({"recipe": str(path), "name": outcome.name, "profile": str(Path(outcome.profile).resolve()),
-                    "tree": outcome.tree, "entries": outcome.entries, "changed": outcome.changed,
-                    "receipt": str(outcome.receipt) if outcome.receipt else None,
-                    "python": outcome.python or sys.executable, "archs": outcome.archs, "cuda": outcome.cuda,
-                    "cuda_home": str(cuda_home) if cuda_home else None})
-        reporter.event("run-realize", f"{'realized' if outcome.changed else 'up to date:'} {outcome.name}")
+class RunOptions(NamedTuple):
+    """What the command line asks of a run beyond the runner file."""
+    device: str = "auto"
+    gpu_index: int = 0
+    peer_index: int | None = None
+    repetitions: int | None = None
+    power_cap: float | None = None
+    lock_timeout: float | None = None
+    states: Path | None = None
+    record_digests: bool = False
+    remote: RemoteOptions | None = None
+    offline: bool = False               # the realizes of step 2 fetch nothing
+    sandbox: str | None = None          # over HERMETIC_SANDBOX and the runner's (the realizes take it too)
+
+
+# the values the steps hand on -------------------------------------------------------------------------------
+class RunSetup(NamedTuple):
+    """Step 1: the runner, the device it measures and where its locks lie."""
+    runner: Runner
+    kind: str                           # "gpu" or "cpu"
+    spec: DeviceSpec
+    lock_dir: Path
+    sandbox: Sandbox
+    audit: Any                          # the outside-root audit (None where it cannot run)
+
+
+class Realized(NamedTuple):
+    """Step 2: one recipe the device needs, realized (and its entries pinned for the run)."""
+    recipe: Path
+    name: str
+    profile: str                        # the tree's folder (the profile's link resolved)
+    tree: str
+    entries: list[str]
+    changed: bool
+    receipt: str | None
+    python: str
+    archs: list[str]
+    cuda: str | None
+    cuda_home: str | None
+
+
+class Locked(NamedTuple):
+    """Steps 3-4: the device's machine-wide locks taken, and its GPUs' facts (read again once they are)."""
+    gpu: Any
+    peer: Any
+    wanted: list[tuple[str, str]]       # (lock file, what) in a fixed order: no two runs deadlock
+    waited: float
+
+
+class Measured(NamedTuple):
+    """Steps 5-7: what the measuring process left."""
+    run_dir: Path
+    raw: dict[str, Any] | None          # its results (None: it failed)
+    guard: dict[str, Any]
+    rc: int
+    tail: list[str]
+    refused: SandboxRefused | None      # the sandbox's refusal that failed it: raised once the receipt is written
+    seconds: float
+
+
+class Analysed(NamedTuple):
+    """Step 8: the receipt's body, the results and the digests' verdict."""
+    body: dict[str, Any]
+    results: dict[str, Any] | None
+    digests: dict[str, Any] | None
+    digest_groups: dict[str, Any]
+    code: int
+    recording: bool                     # --record-digests: the reference is recorded from this run
+
+
+class Held:
+    """The device locks a run holds, released whatever happens (the one mutable value of ``run``)."""
+    __slots__ = ("locks",)
+
+    def __init__(self) -> None:
+        self.locks: list[fs.FileLock] = []
+
+    def release(self) -> None:
+        for lk in reversed(self.locks):
+            lk.release()
+        self.locks.clear()
+
+
+# the command -----------------------------------------------------------------------------------------------
+def run(root: Root, runner_path: Path, reporter: Reporter, options: RunOptions) -> RunOutcome:
+    """The steps of docs/run.md."""
+    started, timings = time.monotonic(), {}
+    setup = validate(root, runner_path, reporter, options)                         # 1
+    realized = realize_all(root, setup, reporter, options)                         # 2
+    timings["realize"] = round(time.monotonic() - started, 3)
+    held = Held()
+    try:
+        locked = lock(setup, options, reporter, held)                              # 3
+        timings["lock_wait"] = round(locked.waited, 3)
+        locked = preconditions(setup, realized, locked, options)                   # 4
+        measured = measure(root, setup, realized, locked, reporter)                # 5-7
+        timings["measure"] = measured.seconds
+    finally:
+        held.release()
+    t = time.monotonic()
+    analysed = analyse(setup, realized, locked, measured, options.record_digests)  # 8 (and step 6's digests)
+    if analysed.results is not None:
+        timings["analysis"] = round(time.monotonic() - t, 3)
+    out = outputs(root, setup, measured, analysed, reporter, timings, started)     # 9
+    if measured.refused is not None:   # the receipt says so too; the error names the path
+        measured.refused.hint = f"{measured.refused.hint}; the run's receipt: {out.receipt}"
+        raise measured.refused
     return out
 
 
+# the steps -------------------------------------------------------------------------------------------------
+def validate(root: Root, runner_path: Path, reporter: Reporter, options: RunOptions) -> RunSetup:
+    runner = load_runner(runner_path).with_overrides(repetitions=options.repetitions, power_cap_w=options.power_cap,
+                                                     lock_timeout=options.lock_timeout, states=options.states)
+    kind = pick_device(options.device)
+    spec = runner.device(kind)
+    if options.peer_index is not None and (kind != "gpu" or options.peer_index == options.gpu_index):
+        raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
+                       hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
+    root.ensure()
+    ldir = lock_dir(spec.lock_dir if kind == "gpu" else None)
+    audit = _audit(root, ldir)
+    from hermetic.realize.pipeline import say_sandbox
+    from hermetic.sandbox import choose, resolve_mode
+    mode, set_by = resolve_mode(options.sandbox, spec.sandbox,
+                                runner.doc.where(kind, "sandbox") if spec.sandbox else "")
+    sandbox = choose(root, mode, set_by, ldir)
+    say_sandbox(reporter, sandbox, "the measuring process")
+    return RunSetup(runner, kind, spec, ldir, sandbox, audit)
+
+
+def realize_all(root: Root, setup: RunSetup, reporter: Reporter, options: RunOptions) -> list[Realized]:
+    """Each recipe the device needs: the no-op check once each, then the rest only when something changed; every
+    entry pinned while the run holds it (a running `hermetic run` holds what it measures alive)."""
+    from hermetic.realize.env import toolchain_home
+    from hermetic.realize.noop import noop_check
+    from hermetic.recipe import load_recipe
+    from hermetic.store import Store
+    out = []
+    for path in setup.runner.device(setup.kind).realize:
+        outcome = noop_check(root, path, None)
+        if outcome is None:
+            from hermetic.realize.pipeline import RealizeOptions, realize
+            outcome = realize(root, path, reporter, RealizeOptions(remote=options.remote, offline=options.offline,
+                                                                   sandbox=options.sandbox))
+        # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
+        cuda_home = toolchain_home(root, load_recipe(path))
+        out.append(Realized(path, outcome.name, str(Path(outcome.profile).resolve()), outcome.tree, outcome.entries,
+                            outcome.changed, str(outcome.receipt) if outcome.receipt else None,
+                            outcome.python or sys.executable, outcome.archs, outcome.cuda,
+                            str(cuda_home) if cuda_home else None))
+        reporter.event("run-realize", f"{'realized' if outcome.changed else 'up to date:'} {outcome.name}")
+    store = Store(root.store).open()
+    for r in out:
+        for e in r.entries:
+            store.pin_entry(e)
+    return out
+
+
+def lock(setup: RunSetup, options: RunOptions, reporter: Reporter, held: Held) -> Locked:
+    """Step 3: the device's machine-wide locks, in a fixed order; ``held`` keeps each as it is taken."""
+    gpu = peer = None
+    if setup.kind == "gpu":
+        from hermetic.run.gpu import nvml_facts
+        gpu = nvml_facts(options.gpu_index)
+        peer = nvml_facts(options.peer_index) if options.peer_index is not None else None
+        wanted = sorted((f"gpu-{g.uuid}.lock", f"GPU {g.index} ({g.uuid})") for g in (gpu, peer) if g is not None)
+        timeout = setup.spec.lock_timeout
+    else:
+        wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
+        timeout = setup.runner.protocol.cpu_lock_timeout
+    waited = 0.0
+    for lock_name, what in wanted:
+        lk, w = take_lock(setup.lock_dir, lock_name, timeout, reporter, what)
+        held.locks.append(lk)
+        waited += w
+    return Locked(gpu, peer, wanted, waited)
+
+
+def preconditions(setup: RunSetup, realized: list[Realized], locked: Locked, options: RunOptions) -> Locked:
+    """Step 4: the GPUs' facts read again now that the locks are ours, and checked (never changed)."""
+    if locked.gpu is None:
+        return locked
+    archs = tuple(a for r in realized for a in r.archs)
+    cuda = max((r.cuda for r in realized if r.cuda), default=None)
+    gpu = gpu_preconditions(setup.runner, archs, cuda, options.gpu_index, setup.spec)
+    peer = locked.peer
+    if options.peer_index is not None:
+        peer = gpu_preconditions(setup.runner, archs, cuda, options.peer_index, setup.spec, peer=True)
+    return locked._replace(gpu=gpu, peer=peer)
+
+
+def measure(root: Root, setup: RunSetup, realized: list[Realized], locked: Locked, reporter: Reporter) -> Measured:
+    """Steps 5-7: the measuring process checks exactness and runs the protocol, in the sandbox in effect."""
+    runner = setup.runner
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    run_dir = root.path / "runs" / f"{runner.name}-{stamp}-{os.getpid()}"
+    run_dir.mkdir(parents=True)
+    reporter.event("run-start", f"measuring {runner.name} on the {setup.kind} "
+                                f"({plural(len(runner.cells), 'cells')} x "
+                                f"{plural(len(setup.spec.kernels), 'kernel sets')}, "
+                                f"{plural(runner.protocol.repetitions, 'repetitions')})")
+    t = time.monotonic()
+    with setup.sandbox.confined():
+        raw, guard, rc, tail, refused = measure_in_child(root, setup, realized, locked, run_dir, reporter)
+    seconds = round(time.monotonic() - t, 3)
+    from hermetic.realize.pipeline import say_refused
+    say_refused(reporter, setup.sandbox)
+    return Measured(run_dir, raw, guard, rc, tail, refused, seconds)
+
+
+def analyse(setup: RunSetup, realized: list[Realized], locked: Locked, measured: Measured,
+            record_digests: bool) -> Analysed:
+    """Step 8: the receipt's body; for a process that measured, its statistics, the A/A control, drift, and the
+    digests against the reference."""
+    runner, kind, spec, gpu, peer = setup.runner, setup.kind, setup.spec, locked.gpu, locked.peer
+    body: dict[str, Any] = {
+        "format": 1, "kind": "run", "hermetic": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runner": {"name": runner.name, "path": str(runner.path), "sha256": fs.sha256_file(runner.path)[0]},
+        "worker": {"path": str(runner.worker), "sha256": fs.sha256_file(runner.worker)[0]},
+        "states": {"path": str(runner.states), "sha256": fs.sha256_file(runner.states)[0]},
+        "device": kind,
+        "realized": [{"name": r.name, "recipe": str(r.recipe), "tree": r.tree, "receipt": r.receipt}
+                     for r in realized],
+        "refs": sorted({entry_ref(e) for r in realized for e in r.entries}),
+        "cpu": cpu_facts(spec), "gpu": gpu.to_json() if gpu else None,
+        "peer_gpu": peer.to_json() if peer else None,
+        "locks": {"paths": [str(setup.lock_dir / n) for n, _ in locked.wanted], "waited_s": round(locked.waited, 3)},
+        "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
+                   "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
+        "memory_guard": measured.guard, "run_dir": str(measured.run_dir), "sandbox": setup.sandbox.record(),
+    }
+    raw = measured.raw
+    if raw is None:
+        guard = measured.guard
+        if guard["tripped"]:
+            reason = (f"the memory guard stopped the run: resident memory {guard['stopped']['rss'] / 2**20:.0f} "
+                      f"MiB over the limit of {guard['limit'] / 2**20:.0f} MiB")
+        elif measured.refused is not None:
+            reason = measured.refused.what
+        else:
+            reason = f"the measuring process failed (exit {measured.rc}): " + " | ".join(measured.tail[-5:])
+        body.update(status="failed", reason=reason)
+        return Analysed(body, None, None, {}, 1, record_digests)
+    analysis = analyze(raw, runner, kind)
+    cls = device_class(kind, raw["environment"])
+    body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]), device_class=cls)
+    groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
+    dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(body), recording=record_digests)
+                   for c, group in groups.items()])
+    exact = raw["exactness"]
+    compiled = compile_check(raw)
+    checks = {"exactness": {"comparisons": exact["comparisons"], "mismatches": len(exact["mismatches"]),
+                            "passed": not exact["mismatches"]},
+              "digests": {**{k: v for k, v in dig.items() if k != "mismatches"},
+                          "mismatches": len(dig["mismatches"])},
+              "compile": compiled}
+    failed = bool(exact["mismatches"]) or dig["status"] == "mismatch" or not compiled["passed"]
+    results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
+               "environment": raw["environment"], "checks": checks,
+               "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
+               "analysis": analysis, "p2p": raw.get("p2p"), "compile": raw.get("compile"),
+               "kernels": raw.get("kernels"), "kernels_skipped": raw.get("kernels_skipped", {}),
+               "flags": {**analysis["flags"], **raw["flags"],
+                         "unknown_digest_class": dig["status"] == "unknown-class",
+                         "compiled_in_timed_phase": not compiled["timed_clean"],
+                         "not_compiled": sorted(k for k, v in compiled["sets"].items() if not v["compiled"])},
+               "blocks": raw["blocks"], "samples": raw["samples"]}
+    body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
+                summary={"cells": {k: {"median_us": v.get("median"), "rel_iqr": v.get("rel_iqr"), "n": v["n"]}
+                                   for k, v in analysis["cells"].items()},
+                         "comparisons": [{k: c.get(k) for k in ("name", "a", "b", "ratio", "sign_ci",
+                                                                "sign_confidence", "bootstrap_ci", "decision",
+                                                                "skipped")}
+                                         for c in analysis["comparisons"]],
+                         "noisy": analysis["noisy"],
+                         "repetitions": analysis["repetitions"],
+                         "repetitions_needed": analysis["repetitions_needed"],
+                         "repetitions_recommended": analysis["repetitions_recommended"]},
+                flags=results["flags"], p2p=raw.get("p2p"))
+    return Analysed(body, results, dig, groups, 1 if failed else 0, record_digests)
+
+
+def outputs(root: Root, setup: RunSetup, measured: Measured, analysed: Analysed, reporter: Reporter,
+            timings: dict[str, float], started: float) -> RunOutcome:
+    """Step 9: results, report and plot of a process that measured; the receipt (a gc root) in any case; the
+    reference digests last, when asked to record them (they pin the receipt just written)."""
+    body, results, run_dir, runner = analysed.body, analysed.results, measured.run_dir, setup.runner
+    if results is not None:
+        assert analysed.digests is not None
+        t = time.monotonic()
+        fs.atomic_write_json(run_dir / "results.json", results, pretty=True)
+        from hermetic.run.report import write_plot, write_report
+        plot = write_plot(run_dir / "plot.png", results, root)
+        report_md = write_report(run_dir / "report.md", results, runner, plot)
+        body.update(results={"path": str(run_dir / "results.json"),
+                             "sha256": fs.sha256_file(run_dir / "results.json")[0]},
+                    report=str(report_md), plot=str(plot) if plot else None)
+        timings["analysis"] = round(timings["analysis"] + time.monotonic() - t, 3)
+        _say_results(reporter, results, analysed.digests)
+    timings["total"] = round(time.monotonic() - started, 3)
+    body["timings"] = timings
+    body["outside_root_audit"] = _audit_finish(setup.audit, setup.lock_dir)
+    digest = fs.sha256_bytes(fs.canonical_json(body))[:12]
+    name = runner.name
+    receipt = root.receipts / f"run-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{digest}.json"
+    fs.atomic_write_json(receipt, body, pretty=True)
+    fs.atomic_write_json(run_dir / "receipt.json", body, pretty=True)
+    if results is not None and analysed.recording:
+        for cls, group in analysed.digest_groups.items():
+            path = record_reference(group, runner.digests, cls, runner_name=name, receipt=receipt, receipt_body=body)
+            reporter.event("run-record", f"recorded {len(group)} reference digests in {path}, "
+                                         f"pinned to receipt {receipt.name} (copied to "
+                                         f"{path.parent / RECEIPTS}: commit both)", path=str(path))
+    return RunOutcome(name, analysed.code, run_dir, receipt, body)
+
+
 # the measuring process -------------------------------------------------------------------------------------
-def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, Any]], gpu_uuids: list[str]
-              ) -> dict[str, str]:
+def child_env(root: Root, setup: RunSetup, realized: list[Realized], gpu_uuids: list[str]) -> dict[str, str]:
     """A cleared environment: only what the run sets, caches inside the root, realized modules first, and the
     first realized toolchain as CUDA_HOME and on PATH (none without one: never a system CUDA)."""
-    spec = runner.device(kind)
-    toolchain = next((r["cuda_home"] for r in realized if r.get("cuda_home")), None)
+    toolchain = next((r.cuda_home for r in realized if r.cuda_home), None)
     base = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
     env = root.child_env(base)
     if toolchain:
         env["CUDA_HOME"] = env["CUDA_PATH"] = toolchain
         env["PATH"] = f"{toolchain}/bin:{env['PATH']}"
-    threads = str(spec.threads)
-    paths = [r["profile"] for r in realized] + [str(Path(__file__).resolve().parents[2])]
+    threads = str(setup.spec.threads)
+    paths = [r.profile for r in realized] + [str(Path(__file__).resolve().parents[2])]
     env.update({
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)), "PYTHONNOUSERSITE": "1", "PYTHONHASHSEED": "0",
         "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
@@ -110,8 +407,8 @@ def child_env(root: Root, runner: Runner, kind: str, realized: list[dict[str, An
     return env
 
 
-def make_plan(runner: Runner, kind: str, run_dir: Path, gpu: Any, peer: Any = None) -> dict[str, Any]:
-    spec = runner.device(kind)
+def make_plan(setup: RunSetup, locked: Locked, run_dir: Path) -> dict[str, Any]:
+    runner, kind, spec, gpu = setup.runner, setup.kind, setup.spec, locked.gpu
     p = runner.protocol
     return {
         "worker": str(runner.worker), "factory": runner.factory, "params": runner.params,
@@ -128,25 +425,25 @@ def make_plan(runner: Runner, kind: str, run_dir: Path, gpu: Any, peer: Any = No
         "l2_flush": spec.l2_flush if kind == "gpu" else False,
         "settle_seconds": spec.settle_seconds if kind == "gpu" else 0.0,
         "heavy_power_w": (gpu.power_limit_w * spec.heavy_power_fraction) if gpu else 0.0,
-        "peer": peer is not None, "peer_bytes": 256 << 20,
+        "peer": locked.peer is not None, "peer_bytes": 256 << 20,
         "results": str(run_dir / "raw.json"),
     }
 
 
-def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[str, Any]], gpu: Any, peer: Any,
-            run_dir: Path, reporter: Reporter
-            ) -> tuple[dict[str, Any] | None, dict[str, Any], int, list[str], SandboxRefused | None]:
+def measure_in_child(root: Root, setup: RunSetup, realized: list[Realized], locked: Locked, run_dir: Path,
+                     reporter: Reporter
+                     ) -> tuple[dict[str, Any] | None, dict[str, Any], int, list[str], SandboxRefused | None]:
     """Run the measuring process (in the sandbox in effect, if any); (raw results or None, guard record, exit
     status, log tail, the sandbox's refusal when the process failed after one: a failed run, whose receipt is
     written before the error is said)."""
     from hermetic.procs import Limits, run_limited
     from hermetic.run.guard import MemoryGuard
-    spec = runner.device(kind)
-    plan = make_plan(runner, kind, run_dir, gpu, peer)
+    spec, kind = setup.spec, setup.kind
+    plan = make_plan(setup, locked, run_dir)
     plan["kernel_cache"] = str(root.cache_dir("kernels"))  # the child keys a folder in it by torch and triton
     plan_path = run_dir / "plan.json"
     fs.atomic_write_json(plan_path, plan, pretty=True)
-    env = child_env(root, runner, kind, realized, [g.uuid for g in (gpu, peer) if g is not None])
+    env = child_env(root, setup, realized, [g.uuid for g in (locked.gpu, locked.peer) if g is not None])
     limits = Limits(cpus=spec.cpus, nice=spec.nice, address_space=spec.address_space if kind == "cpu" else None)
     guard = MemoryGuard(spec.memory)
     tasks: dict[str, Any] = {}
@@ -177,7 +474,7 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
         elif rec.get("event") == "warning":
             reporter.warn(rec.get("message", ""))
 
-    python = realized[0]["python"] if realized else sys.executable
+    python = realized[0].python if realized else sys.executable
     refused = None
     try:
         rc, tail = run_limited([python, "-m", "hermetic.run.child", str(plan_path)], cwd=str(run_dir), env=env,
@@ -192,230 +489,6 @@ def measure_in_child(root: Root, runner: Runner, kind: str, realized: list[dict[
     raw_path = Path(plan["results"])
     raw = json.loads(raw_path.read_text()) if rc == 0 and raw_path.exists() else None
     return raw, guard.record(), rc, tail, refused
-
-
-# the command -----------------------------------------------------------------------------------------------
-def run(root: Root, runner_path: Path, reporter: Reporter, *, device: str = "auto", gpu_index: int = 0,
-        peer_index: int | None = None, repetitions: int | None = None, power_cap: float | None = None,
-        lock_timeout: float | None = None, states: Path | None = None, record_digests: bool = False,
-        remote: Any = None, offline: bool = False, sandbox: str | None = None) -> RunOutcome:
-    """The steps of docs/run.md (``offline``: the realizes of step 2 fetch nothing). ``sandbox``: the command
-    line's mode, over HERMETIC_SANDBOX and the runner's (the realizes of step 2 take it over their recipes' too)."""
-    m = Measurement(root, reporter, device, gpu_index, peer_index, record_digests, remote, sandbox)
-    m.offline = offline
-    m.validate(runner_path, repetitions=repetitions, power_cap_w=power_cap, lock_timeout=lock_timeout,
-               states=states)   # 1
-    m.realize()                 # 2
-    try:
-        m.lock()                # 3
-        m.preconditions()       # 4
-        m.measure()             # 5-7: the measuring process checks exactness and runs the protocol
-    finally:
-        m.unlock()
-    m.analyse()                 # 8 (and the digests of step 6)
-    out = m.outputs()           # 9
-    if m.refused is not None:   # the receipt says so too; the error names the path
-        m.refused.hint = f"{m.refused.hint}; the run's receipt: {out.receipt}"
-        raise m.refused
-    return out
-
-
-class Measurement:
-    """The state one ``hermetic run`` carries from step to step."""
-
-    def __init__(self, root: Root, reporter: Reporter, device: str, gpu_index: int, peer_index: int | None,
-                 record_digests: bool, remote: Any, sandbox: str | None = None) -> None:
-        self.root, self.reporter, self.device = root, reporter, device
-        self.sandbox_mode = sandbox
-        self.refused: SandboxRefused | None = None
-        self.gpu_index, self.peer_index, self.record_digests, self.remote = gpu_index, peer_index, record_digests, \
-            remote
-        self.offline = False
-        self.started = time.monotonic()
-        self.timings: dict[str, float] = {}
-        self.gpu: Any = None
-        self.peer: Any = None
-        self.wanted: list[tuple[str, str]] = []   # (lock file, what) in a fixed order: no two runs deadlock
-        self.locks: list[fs.FileLock] = []
-        self.waited = 0.0
-        self.raw: dict[str, Any] | None = None
-        self.body: dict[str, Any] = {}
-        self.code = 0
-
-    def validate(self, runner_path: Path, **overrides: Any) -> None:
-        self.runner = load_runner(runner_path).with_overrides(**overrides)
-        self.kind = pick_device(self.device)
-        self.spec = self.runner.device(self.kind)
-        if self.peer_index is not None and (self.kind != "gpu" or self.peer_index == self.gpu_index):
-            raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
-                           hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
-        self.root.ensure()
-        self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
-        self.audit = _audit(self.root, self.lock_dir)
-        from hermetic.realize.pipeline import say_sandbox
-        from hermetic.sandbox import choose, resolve_mode
-        mode, set_by = resolve_mode(self.sandbox_mode, self.spec.sandbox,
-                                    self.runner.doc.where(self.kind, "sandbox") if self.spec.sandbox else "")
-        self.sandbox = choose(self.root, mode, set_by, self.lock_dir)
-        say_sandbox(self.reporter, self.sandbox, "the measuring process")
-
-    def realize(self) -> None:
-        self.realized = realize_all(self.root, self.runner, self.kind, self.reporter, self.remote, self.offline,
-                                    self.sandbox_mode)
-        self.timings["realize"] = round(time.monotonic() - self.started, 3)
-        from hermetic.store import Store
-        store = Store(self.root.store).open()
-        for r in self.realized:  # a running `hermetic run` holds what it measures alive
-            for e in r["entries"]:
-                store.pin_entry(e)
-
-    def lock(self) -> None:
-        if self.kind == "gpu":
-            from hermetic.run.gpu import nvml_facts
-            self.gpu = nvml_facts(self.gpu_index)
-            self.peer = nvml_facts(self.peer_index) if self.peer_index is not None else None
-            self.wanted = sorted((f"gpu-{g.uuid}.lock", f"GPU {g.index} ({g.uuid})")
-                                 for g in (self.gpu, self.peer) if g is not None)
-            timeout = self.spec.lock_timeout
-        else:
-            self.wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
-            timeout = self.runner.protocol.cpu_lock_timeout
-        for lock_name, what in self.wanted:
-            lk, w = take_lock(self.lock_dir, lock_name, timeout, self.reporter, what)
-            self.locks.append(lk)
-            self.waited += w
-        self.timings["lock_wait"] = round(self.waited, 3)
-
-    def unlock(self) -> None:
-        for lk in reversed(self.locks):
-            lk.release()
-        self.locks.clear()
-
-    def preconditions(self) -> None:
-        if self.gpu is not None:
-            self.gpu = gpu_preconditions(self.runner, self.realized, self.gpu_index, self.spec)
-            if self.peer_index is not None:
-                self.peer = gpu_preconditions(self.runner, self.realized, self.peer_index, self.spec, peer=True)
-
-    def measure(self) -> None:
-        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        self.run_dir = self.root.path / "runs" / f"{self.runner.name}-{stamp}-{os.getpid()}"
-        self.run_dir.mkdir(parents=True)
-        self.reporter.event("run-start", f"measuring {self.runner.name} on the {self.kind} "
-                                         f"({plural(len(self.runner.cells), 'cells')} x "
-                                         f"{plural(len(self.spec.kernels), 'kernel sets')}, "
-                                         f"{plural(self.runner.protocol.repetitions, 'repetitions')})")
-        t = time.monotonic()
-        with self.sandbox.confined():
-            self.raw, self.guard, self.rc, self.tail, self.refused = measure_in_child(
-                self.root, self.runner, self.kind, self.realized, self.gpu, self.peer, self.run_dir, self.reporter)
-        self.timings["measure"] = round(time.monotonic() - t, 3)
-        from hermetic.realize.pipeline import say_refused
-        say_refused(self.reporter, self.sandbox)
-
-    def analyse(self) -> None:
-        runner, kind, spec, gpu, peer = self.runner, self.kind, self.spec, self.gpu, self.peer
-        self.body = {
-            "format": 1, "kind": "run", "hermetic": __version__,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "runner": {"name": runner.name, "path": str(runner.path), "sha256": fs.sha256_file(runner.path)[0]},
-            "worker": {"path": str(runner.worker), "sha256": fs.sha256_file(runner.worker)[0]},
-            "states": {"path": str(runner.states), "sha256": fs.sha256_file(runner.states)[0]},
-            "device": kind,
-            "realized": [{k: r[k] for k in ("name", "recipe", "tree", "receipt")} for r in self.realized],
-            "refs": sorted({entry_ref(e) for r in self.realized for e in r["entries"]}),
-            "cpu": cpu_facts(spec), "gpu": gpu.to_json() if gpu else None,
-            "peer_gpu": peer.to_json() if peer else None,
-            "locks": {"paths": [str(self.lock_dir / n) for n, _ in self.wanted], "waited_s": round(self.waited, 3)},
-            "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
-                       "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
-            "memory_guard": self.guard, "run_dir": str(self.run_dir), "sandbox": self.sandbox.record(),
-        }
-        raw = self.raw
-        if raw is None:
-            guard = self.guard
-            if guard["tripped"]:
-                reason = (f"the memory guard stopped the run: resident memory {guard['stopped']['rss'] / 2**20:.0f} "
-                          f"MiB over the limit of {guard['limit'] / 2**20:.0f} MiB")
-            elif self.refused is not None:
-                reason = self.refused.what
-            else:
-                reason = f"the measuring process failed (exit {self.rc}): " + " | ".join(self.tail[-5:])
-            self.body.update(status="failed", reason=reason)
-            self.code = 1
-            return
-        t = time.monotonic()
-        analysis = analyze(raw, runner, kind)
-        cls = device_class(kind, raw["environment"])
-        self.body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]),
-                         device_class=cls)
-        self.digest_groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
-        dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(self.body),
-                                     recording=self.record_digests) for c, group in self.digest_groups.items()])
-        exact = raw["exactness"]
-        compiled = compile_check(raw)
-        checks = {"exactness": {"comparisons": exact["comparisons"], "mismatches": len(exact["mismatches"]),
-                                "passed": not exact["mismatches"]},
-                  "digests": {**{k: v for k, v in dig.items() if k != "mismatches"},
-                              "mismatches": len(dig["mismatches"])},
-                  "compile": compiled}
-        failed = bool(exact["mismatches"]) or dig["status"] == "mismatch" or not compiled["passed"]
-        self.code = 1 if failed else 0
-        self.results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
-                        "environment": raw["environment"], "checks": checks,
-                        "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
-                        "analysis": analysis, "p2p": raw.get("p2p"), "compile": raw.get("compile"),
-                        "kernels": raw.get("kernels"), "kernels_skipped": raw.get("kernels_skipped", {}),
-                        "flags": {**analysis["flags"], **raw["flags"],
-                                  "unknown_digest_class": dig["status"] == "unknown-class",
-                                  "compiled_in_timed_phase": not compiled["timed_clean"],
-                                  "not_compiled": sorted(k for k, v in compiled["sets"].items()
-                                                         if not v["compiled"])},
-                        "blocks": raw["blocks"], "samples": raw["samples"]}
-        self.digests = dig
-        self.body.update(status="failed" if failed else "ok", device_class=cls, checks=checks,
-                         summary={"cells": {k: {"median_us": v.get("median"), "rel_iqr": v.get("rel_iqr"),
-                                                "n": v["n"]} for k, v in analysis["cells"].items()},
-                                  "comparisons": [{k: c.get(k) for k in ("name", "a", "b", "ratio", "sign_ci",
-                                                                         "sign_confidence", "bootstrap_ci",
-                                                                         "decision", "skipped")}
-                                                  for c in analysis["comparisons"]],
-                                  "noisy": analysis["noisy"],
-                                  "repetitions": analysis["repetitions"],
-                                  "repetitions_needed": analysis["repetitions_needed"],
-                                  "repetitions_recommended": analysis["repetitions_recommended"]},
-                         flags=self.results["flags"], p2p=raw.get("p2p"))
-        self.timings["analysis"] = round(time.monotonic() - t, 3)
-
-    def outputs(self) -> RunOutcome:
-        if self.raw is not None:
-            t = time.monotonic()
-            run_dir = self.run_dir
-            fs.atomic_write_json(run_dir / "results.json", self.results, pretty=True)
-            from hermetic.run.report import write_plot, write_report
-            plot = write_plot(run_dir / "plot.png", self.results, self.root)
-            report_md = write_report(run_dir / "report.md", self.results, self.runner, plot)
-            self.body.update(results={"path": str(run_dir / "results.json"),
-                                      "sha256": fs.sha256_file(run_dir / "results.json")[0]},
-                             report=str(report_md), plot=str(plot) if plot else None)
-            self.timings["analysis"] = round(self.timings["analysis"] + time.monotonic() - t, 3)
-            _say_results(self.reporter, self.results, self.digests)
-        self.timings["total"] = round(time.monotonic() - self.started, 3)
-        self.body["timings"] = self.timings
-        self.body["outside_root_audit"] = _audit_finish(self.audit, self.lock_dir)
-        digest = fs.sha256_bytes(fs.canonical_json(self.body))[:12]
-        name = self.runner.name
-        receipt = self.root.receipts / f"run-{name}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{digest}.json"
-        fs.atomic_write_json(receipt, self.body, pretty=True)
-        fs.atomic_write_json(self.run_dir / "receipt.json", self.body, pretty=True)
-        if self.raw is not None and self.record_digests:  # last: the reference pins the receipt just written
-            for cls, group in self.digest_groups.items():
-                path = record_reference(group, self.runner.digests, cls, runner_name=name, receipt=receipt,
-                                        receipt_body=self.body)
-                self.reporter.event("run-record", f"recorded {len(group)} reference digests in {path}, "
-                                                  f"pinned to receipt {receipt.name} (copied to "
-                                                  f"{path.parent / RECEIPTS}: commit both)", path=str(path))
-        return RunOutcome(name, self.code, self.run_dir, receipt, self.body)
 
 
 def compile_check(raw: dict[str, Any]) -> dict[str, Any]:
