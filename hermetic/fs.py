@@ -667,8 +667,9 @@ class FingerprintTable:
     read once and written once: each fact is trusted while its file keeps the fingerprint it had. The same rule
     as ``FingerprintCache``, laid out for many small facts read together."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only   # a dry run's: read, never saved
         try:  # damaged (cut short, a FIFO in its place): every fact a miss, and the table written anew
             loaded = json.loads(read_regular(path, CACHE_LIMIT))
             self.facts: dict[str, list[Any]] = loaded if isinstance(loaded, dict) else {}
@@ -690,6 +691,6 @@ class FingerprintTable:
         self.dirty = True
 
     def save(self) -> None:
-        if self.dirty:
+        if self.dirty and not self.read_only:
             atomic_write(self.path, canonical_json(self.facts), durable=False)
             self.dirty = False

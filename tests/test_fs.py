@@ -530,3 +530,14 @@ def test_fingerprint_table_keeps_facts_per_file_and_saves_only_when_changed(tmp_
     assert again.get(str(f))[1] is None
     (tmp_path / "t.json").write_bytes(b"[damaged")
     assert fs.FingerprintTable(tmp_path / "t.json").get(str(f))[1] is None
+
+
+def test_a_read_only_fingerprint_table_is_never_saved(tmp_path: Path) -> None:
+    f = tmp_path / "src.h"
+    f.write_bytes(b"int x;")
+    table = fs.FingerprintTable(tmp_path / "t.json", read_only=True)
+    fp, _ = table.get(str(f))
+    assert fp is not None
+    table.put(str(f), fp, ["h"])
+    table.save()
+    assert not (tmp_path / "t.json").exists() and table.get(str(f))[1] == ["h"]

@@ -130,3 +130,37 @@ def test_no_step_of_the_pipelines_takes_more_than_eight_parameters() -> None:
                  if rel.startswith(PIPELINE_ROOMS) for line, name, n in wide_functions(tree)]
     assert not offenders, "pass a value (an options tuple, a step's result, the build's context) instead:\n" + \
         "\n".join(offenders)
+
+
+# --- the dry run prints the plan the planners made --------------------------------------------------------------
+
+DRY_RUN = "hermetic/realize/dryrun.py"
+
+
+def private_or_build_imports(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of every import of a private name (``_x``) and of anything from the extension-build room."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            for alias in node.names:
+                if alias.name.startswith("_") or module.startswith(("hermetic.build", "hermetic.extensions")):
+                    found.append((node.lineno, f"from {module} import {alias.name}"))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {a.name}") for a in node.names
+                      if a.name.startswith(("hermetic.build", "hermetic.extensions"))]
+    return sorted(found)
+
+
+def test_the_import_check_sees_private_names_and_the_build_room() -> None:
+    code = ("from hermetic.wheels.unpacked import _Accepts, offline_error\nfrom hermetic.build.host import qualify\n"
+            "import hermetic.build.plan\nfrom hermetic.realize.plan import plan_realize\n")
+    assert private_or_build_imports(ast.parse(code)) == [
+        (1, "from hermetic.wheels.unpacked import _Accepts"), (2, "from hermetic.build.host import qualify"),
+        (3, "import hermetic.build.plan")]
+
+
+def test_the_dry_run_only_prints_a_plan() -> None:
+    tree = _sources()[DRY_RUN]
+    assert not private_or_build_imports(tree), private_or_build_imports(tree)
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "hermetic.realize.plan" for n in ast.walk(tree))

@@ -343,3 +343,31 @@ def test_a_temp_roots_file_without_its_first_line_counts_by_its_ctime(store: Sto
         assert refs == {"entry:x"} and oldest == os.stat(old).st_ctime_ns
     finally:
         os.close(fd)
+
+
+# --- a plan's read-only view ------------------------------------------------------------------------------------
+
+
+def test_a_read_only_view_looks_pins_nothing_and_refuses_every_write(tmp_path: Path) -> None:
+    assert not Store(tmp_path / "none", read_only=True).open().exists()   # a missing store stays missing
+    assert not (tmp_path / "none").exists()
+    writer = Store(tmp_path / "s").open()
+    name = entry_name("d" * 64, "t")
+    with writer.build_entry(name) as staging:
+        assert staging is not None
+        staging.record = _tree_record(name)  # type: ignore[assignment]
+    digest = writer.put_blob_bytes(b"blob")
+    tr = store_module._OPEN_TEMPROOTS.pop(writer.temproots_dir.resolve())
+    tr.lock.release()
+    tr.path.unlink()
+    view = Store(tmp_path / "s", read_only=True).open()
+    locks = os.listdir(view.locks)
+    assert view.use(name) and view.use_blob(digest) and not view.use(entry_name("e" * 64, "t"))
+    assert os.listdir(view.temproots_dir) == []   # nothing pinned, no temp-roots file
+    for write in (lambda: view.build_entry(name).__enter__(), lambda: view.put_blob_bytes(b"x"),
+                  lambda: view.put_blob_stream(io.BytesIO(b"x")), lambda: view.drop_blob(digest),
+                  lambda: view.drop_entry(name), lambda: view.index_add("k" * 64, name),
+                  lambda: view.heal_blob(digest, False, b"blob")):
+        with pytest.raises(RuntimeError, match="read-only view"):
+            write()
+    assert view.has_entry(name) and view.has_blob(digest) and os.listdir(view.locks) == locks

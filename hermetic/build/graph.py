@@ -106,7 +106,7 @@ def mem_available() -> int | None:
     return None
 
 
-def _units(jobs: list[ModuleJob]) -> list[Unit]:
+def plan_units(jobs: list[ModuleJob]) -> list[Unit]:
     """Every compile still to decide, with what it took last time (in its variant, else in any other)."""
     across: dict[tuple[str, str], CompileCost] = {}
     for job in jobs:
@@ -142,7 +142,9 @@ def _priority(u: Unit) -> tuple[int, float, int, int]:
     return (1, -u.seconds, 0, 0)
 
 
-def _group_and_predict(root: Root, units: list[Unit]) -> None:
+def group_and_predict(root: Root, units: list[Unit]) -> None:
+    """Group the units by lookup key (the first of each key leads) and predict, for each follower, whether it
+    waits for its leader's object (build.predict); a follower that does not wait is said why."""
     leaders: dict[str, Unit] = {}
     scanner = IncludeScanner(root)
     try:
@@ -179,7 +181,7 @@ class Graph:
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
-        self.units = _units(self.jobs)
+        self.units = plan_units(self.jobs)
         for job in self.jobs:  # compiles may change files from here on: hash as they are
             job.cache.hasher.live()
         n_jobs = self.recipe.limits.jobs
@@ -190,7 +192,7 @@ class Graph:
             return self.report
         if self.on_compiles is not None:
             self.on_compiles()
-        _group_and_predict(self.root, self.units)
+        group_and_predict(self.root, self.units)
         self.report["scan_s"] = round(time.monotonic() - started, 4)
         producers = {id(j): producer_record(self.recipe.name, j.variant.name, j.plan.module) for j in self.jobs}
         waiting = [u for u in self.units if u.waits]

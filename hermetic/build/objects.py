@@ -97,7 +97,7 @@ class InputHasher:
     file's stat fingerprint is unchanged: root's ``hashes`` cache."""
 
     def __init__(self, root: Root, *, snapshot: bool = False) -> None:
-        self.table = fs.FingerprintTable(root.cache_dir("hashes") / "inputs.json")
+        self.table = fs.FingerprintTable(root.cache_dir("hashes") / "inputs.json", read_only=root.read_only)
         self.rehashed = 0
         # ``snapshot``: while a realize plans, each file is stat'ed once, however many object records name it
         # (each of exllamav3's 388 names about 2,000 files, most of them torch's headers: docs/builds.md, "A
@@ -229,36 +229,26 @@ class ObjectCache:
         return self.hasher.hash(local, mode)
 
     def find(self, c: Compile) -> ObjectChoice:
-        """A stored object this compile may use, with the proof; or a 'compile' decision saying why not."""
+        """A stored object this compile may use, with the proof; or a 'compile' decision saying why not. Through
+        a read-only store (a plan), the same proof with nothing pinned: a damaged record is skipped (the realize
+        would stop on it, and verify --repair says so) and a corrupt object is said, not removed."""
         names = self.store.index_list(self.lookup(c))
         if not names:
             return ObjectChoice(c, Decision.COMPILED, reason=NO_MATCH)
-        chosen = self.choose(c, [self.store.object_record(name) for name in names if self.store.use(name)])
-        if isinstance(chosen, ObjectChoice):
-            return chosen
-        return self._use(c, chosen)
-
-    def peek(self, c: Compile) -> ObjectChoice:
-        """What ``find`` would decide, for a dry run: the same proof, but nothing pinned and a corrupt object
-        only said (``find`` removes it)."""
-        names = self.store.index_list(self.lookup(c))
-        if not names:
-            return ObjectChoice(c, Decision.COMPILED, reason=NO_MATCH)
-        records = []
-        for name in names:
-            if self.store.has_entry(name):
+        if self.store.read_only:
+            records = []
+            for name in names:
                 try:
-                    records.append(self.store.object_record(name))
+                    if self.store.use(name):
+                        records.append(self.store.object_record(name))
                 except (OSError, WorkFailed, BadRecord):
-                    continue  # a damaged record: find() would fail on it too; verify --repair says so
+                    continue
+        else:
+            records = [self.store.object_record(name) for name in names if self.store.use(name)]
         chosen = self.choose(c, records)
         if isinstance(chosen, ObjectChoice):
             return chosen
-        digest = stored_blob(chosen.record)
-        blob = self.store.blob_path(digest)
-        if not blob.exists() or fs.sha256_file(blob)[0] != digest:
-            return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… is corrupt")
-        return ObjectChoice(c, chosen.decision, chosen.record["name"], chosen.waived, record=chosen.record)
+        return self._use(c, chosen)
 
     def choose(self, c: Compile, records: Sequence[ObjectRecord]) -> Chosen | ObjectChoice:
         """``choose`` with this cache's answers: the inputs hashed now, the waiver scanned in the inputs (records
@@ -338,6 +328,8 @@ class ObjectCache:
         digest = stored_blob(rec)
         blob = self.store.blob_path(digest)
         if not blob.exists() or fs.sha256_file(blob)[0] != digest:
+            if self.store.read_only:
+                return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… is corrupt")
             self.store.drop_entry(rec["name"])
             self.store.drop_blob(digest)
             return ObjectChoice(c, Decision.COMPILED, reason=f"stored object {digest[:12]}… was corrupt; removed it")

@@ -84,7 +84,7 @@ class IncludeScanner:
     """Textual include closures and identifier mentions, cached per file by fingerprint (root's ``includes``)."""
 
     def __init__(self, root: Root) -> None:
-        self.table = fs.FingerprintTable(root.cache_dir("includes") / "includes.json")
+        self.table = fs.FingerprintTable(root.cache_dir("includes") / "includes.json", read_only=root.read_only)
         self._facts: dict[str, list[object] | None] = {}
         self._found: dict[tuple[str, str], str | None] = {}
         self._graphs: dict[tuple[tuple[str, ...], tuple[str, ...]], IncludeGraph] = {}

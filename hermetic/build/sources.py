@@ -27,7 +27,7 @@ from hermetic.errors import BadInput, PreconditionFailed, WorkFailed, path_error
 from hermetic.locks.types import LockedWheel
 from hermetic.locks.validate import basename
 from hermetic.procs import Limits, TimedOut, run_limited
-from hermetic.recipe import Source
+from hermetic.recipe import Recipe, Source, Variant
 from hermetic.reporter import Reporter, plural
 from hermetic.root import Root
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name
@@ -69,9 +69,56 @@ def source_entry_name(src: Source, patches: tuple[Path, ...], origin: str | None
     return entry_name(key, f"src-{src.name}")
 
 
+@dataclass(frozen=True)
+class SourceStep:
+    """What a realize decides of one source of one variant: its tree's entry (named by its inputs: the origin,
+    the subdir, the patches' bytes) and whether it is in the store (``reuse``), made from the folder or the
+    stored archive (``prepare``), or needs its archive fetched first (``fetch``)."""
+    variant: str
+    source: Source
+    patches: tuple[Path, ...]
+    origin: str
+    entry: str
+    action: str
+
+
+def plan_sources(store: Store, recipe: Recipe, variants: list[Variant]) -> list[SourceStep]:
+    """Every source of every chosen variant, with the source's and the variant's patches (a variant's own
+    patches with several sources: refused by ``variants.check_builds``, before any work)."""
+    names = sorted({e.source for e in recipe.extensions})
+    origins: dict[str, str] = {}   # a folder source is hashed once, whatever the variants
+    out = []
+    for variant in variants:
+        for n in names:
+            src = recipe.sources[n]
+            patches = src.patches + variant.patches
+            origin = origins[n] = origins.get(n) or source_origin(src)
+            entry = source_entry_name(src, patches, origin)
+            action = "reuse" if store.has_entry(entry) else \
+                "prepare" if src.path is not None or store.has_blob(src.sha256 or "") else "fetch"
+            out.append(SourceStep(variant.name, src, patches, origin, entry, action))
+    return out
+
+
+def preview_source(root: Root, store: Store, step: SourceStep) -> tuple[Path | None, list[str] | None]:
+    """(the folder a plan reads the tree's files from, its files), as ``realize_source`` would lay them out:
+    the stored tree's, else a copy made and patched in a folder outside the root (a dry run's); (None, None)
+    when its archive would be fetched first. Variants that share a tree share its copy."""
+    if step.action == "reuse":
+        return store.entry_path(step.entry) / "out", sorted(store.tree_record(step.entry)["files"])
+    folder = root.tmp / "sources" / step.entry   # the plan's own folder (outside the root): made once
+    if not folder.is_dir() and not prepare_outside(store, step.source, step.patches, folder,
+                                                   root.child_env({"PATH": SYSTEM_PATH, "LC_ALL": "C"})):
+        return None, None
+    return folder, sorted(os.path.relpath(os.path.join(d, f), folder) for d, _dirs, files in os.walk(folder)
+                          for f in files)
+
+
 def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, ...],
-                   reporter: Reporter, share: ObjectShare | None = None, *, offline: bool = False) -> SourceTree:
-    origin = source_origin(src)
+                   reporter: Reporter, share: ObjectShare | None = None, *, offline: bool = False,
+                   origin: str | None = None) -> SourceTree:
+    """The source's tree in the store (``origin``: ``source_origin``, where a plan computed it already)."""
+    origin = origin or source_origin(src)
     name = source_entry_name(src, patches, origin)
     with store.build_entry(name) as staging:
         if staging is None:

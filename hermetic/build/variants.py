@@ -7,17 +7,27 @@ folder of its own; the prefix map gives them one name, so variants (and other ro
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from hermetic import fs
 from hermetic.build.context import BuildContext
-from hermetic.build.extension import finish_module, place_reused, plan_module, remember_build
-from hermetic.build.graph import Graph
+from hermetic.build.extension import (
+    LinkStep,
+    finish_module,
+    known_digests,
+    place_reused,
+    plan_link,
+    plan_module,
+    remember_build,
+)
+from hermetic.build.graph import Graph, group_and_predict, plan_units
 from hermetic.build.job import BuiltModule, ModuleJob
-from hermetic.build.objects import ObjectChoice
-from hermetic.build.sources import SourceTree, link_variant_source, realize_source
+from hermetic.build.objects import Decision, ObjectChoice
+from hermetic.build.plan import select_sources
+from hermetic.build.sources import SourceTree, link_variant_source, plan_sources, realize_source
 from hermetic.errors import BadInput
 from hermetic.recipe import Recipe, Variant
 from hermetic.reporter import Reporter, plural
@@ -47,27 +57,104 @@ class RecipeBuild:
         return sum(1 for m in self.modules if m.linked)
 
 
-def check_builds(recipe: Recipe) -> None:
+class PlannedObject(NamedTuple):
+    """What a plan says of one object: its source, the decision (``Decision``'s name) and why; ``predicted``
+    where it waits for another variant's compile, as the build graph predicts it."""
+    source: str
+    decision: str
+    reason: str
+    predicted: bool = False
+
+    def record(self) -> dict[str, object]:
+        out: dict[str, object] = {"source": self.source, "decision": self.decision, "reason": self.reason}
+        if self.predicted:
+            out["predicted"] = True
+        return out
+
+
+class ModuleStep(NamedTuple):
+    """What a plan says of one module of one variant: its objects (None while its source's archive is not in
+    the store: not known) and its link."""
+    variant: str
+    module: str
+    objects: list[PlannedObject] | None
+    link: LinkStep
+
+    def decisions(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.objects or ():
+            out[o.decision] = out.get(o.decision, 0) + 1
+        return out
+
+
+NO_TOOLCHAIN = "the toolchain's tree is not in the store yet"
+
+
+def plan_modules(ctx: BuildContext | None, recipe: Recipe, variants: list[Variant],
+                 trees: Mapping[tuple[str, str], tuple[Path | None, list[str] | None]]) -> list[ModuleStep]:
+    """Every module of every variant as a realize would decide it now: each object by ``plan_module`` (the
+    proof ``find`` makes: through a read-only store, nothing pinned), a compile that shares its lookup key with
+    one planned before it (another variant's copy) as the build graph predicts it, each link by ``plan_link``.
+    ``trees``: (variant, source) -> (the folder its files are read from, its files; None, None while its
+    archive is not in the store). Without ``ctx`` (the toolchain's tree is not in the store, and it is part of
+    every object's key) every object is compiled."""
+    out: list[ModuleStep] = []
+    jobs: list[tuple[int, ModuleJob]] = []
+    for variant in variants:
+        for ext in recipe.extensions:
+            src_root, files = trees[(variant.name, ext.source)]
+            module = variant.module or ext.name
+            if files is None:
+                out.append(ModuleStep(variant.name, module, None, LinkStep(None, None, "link")))
+            elif ctx is None or src_root is None:
+                out.append(ModuleStep(variant.name, module,
+                                      [PlannedObject(rel, str(Decision.COMPILED), NO_TOOLCHAIN)
+                                       for rel in select_sources(files, ext.sources, ext.exclude)],
+                                      LinkStep(None, None, "link")))
+            else:
+                jobs.append((len(out), plan_module(ctx, ext, variant, ctx.site(ext, variant, src_root, files))))
+                out.append(ModuleStep(variant.name, module, [], LinkStep(None, None, "link")))
+    if ctx is None or not jobs:
+        return out
+    units = plan_units([job for _i, job in jobs])
+    group_and_predict(ctx.root, units)
+    waits = {(id(u.job), u.index): u for u in units if u.waits}
+    for i, job in jobs:
+        objects = []
+        for k, d in enumerate(job.choices):
+            u = waits.get((id(job), k))
+            if u is None or u.leader is None:
+                objects.append(PlannedObject(d.compile.rel, str(d.decision), d.reason))
+            else:
+                objects.append(PlannedObject(d.compile.rel, str(Decision.REUSED_VARIANT),
+                                             f"predicted: the object of {u.leader.job.plan.module}: "
+                                             f"{u.leader.compile.rel}, compiled first in this realize", True))
+        out[i] = out[i]._replace(objects=objects, link=plan_link(ctx, job, known_digests(job)))
+    return out
+
+
+def check_builds(recipe: Recipe, variants: list[Variant]) -> None:
+    """What a recipe that builds must say, checked before any work (a realize and its plan alike)."""
     if recipe.toolchain is None or recipe.toolchain_lock is None:
         raise BadInput("a recipe that builds extensions needs [toolchain] with cuda and lock",
                        where=str(recipe.path), hint='add [toolchain] cuda = "13.0", lock = "..."')
+    if len({e.source for e in recipe.extensions}) > 1:
+        for variant in variants:
+            if variant.patches:
+                raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
+                               where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
 
 
 def prepare_sources(ctx: BuildContext, variants: list[Variant], *, offline: bool = False
                     ) -> dict[str, dict[str, SourceTree]]:
-    """variant -> source name -> its tree, with the source's and the variant's patches applied."""
-    recipe = ctx.recipe
+    """variant -> source name -> its tree, with the source's and the variant's patches applied: the plan
+    (``plan_sources``) executed."""
     ctx.reporter.event("phase", phase="sources")
-    names = sorted({e.source for e in recipe.extensions})
     out: dict[str, dict[str, SourceTree]] = {}
-    for variant in variants:
-        if variant.patches and len(names) > 1:
-            raise BadInput(f"variant {variant.name} has patches but the recipe builds from several sources",
-                           where=str(recipe.path), hint="give patches to [sources.NAME].patches instead")
-        out[variant.name] = {n: realize_source(ctx.root, ctx.store, recipe.sources[n],
-                                               recipe.sources[n].patches + variant.patches, ctx.reporter, ctx.share,
-                                               offline=offline)
-                             for n in names}
+    for step in plan_sources(ctx.store, ctx.recipe, variants):
+        out.setdefault(step.variant, {})[step.source.name] = realize_source(
+            ctx.root, ctx.store, step.source, step.patches, ctx.reporter, ctx.share, offline=offline,
+            origin=step.origin)
     return out
 
 

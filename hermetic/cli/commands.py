@@ -36,7 +36,8 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     remote = _remote(args)
     if args.dry_run:
         from hermetic.realize.dryrun import dry_run
-        return dry_run(root, args.recipe, reporter, variant=args.variant, offline=args.offline)
+        from hermetic.realize.pipeline import RealizeOptions
+        return dry_run(root, args.recipe, reporter, RealizeOptions(args.variant, offline=args.offline))
     from hermetic.realize.noop import noop_check
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline

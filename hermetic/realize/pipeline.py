@@ -46,7 +46,15 @@ from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
 from hermetic.wheels.scripts import launchers, with_shebangs
-from hermetic.wheels.unpacked import Unpacked, WheelTally, fetch_and_unpack, offline_error, offline_missing
+from hermetic.wheels.unpacked import (
+    Accepts,
+    Unpacked,
+    WheelTally,
+    fetch_and_unpack,
+    missing,
+    offline_error,
+    plan_wheels,
+)
 
 if TYPE_CHECKING:
     from hermetic.build.context import BuildContext
@@ -83,7 +91,7 @@ def _attempt(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
     pending = Pending()   # what a failed realize must stop: the host's probe, the import check's interpreter
     with job.sandbox.confined():
         try:
-            qualified = qualify(root, job)                                                   # 2
+            qualified = qualify(root, job.recipe)                                            # 2
             host = pending.qualifying = start_host(root, job, guess=guess)
             clock.lap("qualify")
             fetched = fetch(job, qualified, reporter, options.offline)                       # 3
@@ -213,10 +221,18 @@ def start_audit(root: Root) -> OutsideRootAudit:
     return audit
 
 
-def validate(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Validated:
+def read_recipe(recipe_path: Path, variant: str | None) -> tuple[Recipe, list[Variant], str]:
+    """The recipe, the variants realized (``variant``, else every default one) and the realized name."""
     recipe = load_recipe(recipe_path)
-    variants = chosen_variants(recipe, options.variant)
-    name = recipe.name if options.variant is None else f"{recipe.name}.{options.variant}"
+    variants = chosen_variants(recipe, variant)
+    if recipe.extensions:
+        from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
+        check_builds(recipe, variants)
+    return recipe, variants, recipe.name if variant is None else f"{recipe.name}.{variant}"
+
+
+def validate(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Validated:
+    recipe, variants, name = read_recipe(recipe_path, options.variant)
     root.ensure()
     limits = recipe.limits
     mode, set_by = resolve_mode(options.sandbox, limits.sandbox,
@@ -226,17 +242,14 @@ def validate(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
     say_sandbox(reporter, sandbox, f"realizing {name}")
     store = Store(root.store).open()
     share = open_sharing(store, recipe, options.remote, reporter, options.offline)
-    if recipe.extensions:
-        from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
-        check_builds(recipe)
     return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder)
 
 
-def qualify(root: Root, job: Validated) -> Qualified:
-    recipe = job.recipe
+def qualify(root: Root, recipe: Recipe) -> Qualified:
+    """The recipe's interpreter, and its locks evaluated for it (the toolchain's apart, for one that builds)."""
     python = interpreter(root, recipe.python, recipe.doc.where("recipe", "python") if recipe.python else WHERE)
     cache = root.cache("locks")
-    tc_lock = recipe.toolchain_lock if job.builds else None
+    tc_lock = recipe.toolchain_lock if recipe.extensions else None
     locks = [read_lock_cached(cache, p, python) for p in recipe.locks if p != tc_lock]
     return Qualified(python, locks, [read_lock_cached(cache, tc_lock, python)] if tc_lock is not None else [])
 
@@ -252,15 +265,16 @@ def start_host(root: Root, job: Validated, *, guess: bool) -> Qualifying | None:
 
 
 def fetch(job: Validated, qualified: Qualified, reporter: Reporter, offline: bool) -> Fetched:
-    tags = qualified.python.tags
-    if offline and (missing := [*offline_missing(job.store, qualified.locks, tags),
-                                *offline_missing(job.store, qualified.toolchain_locks, tags)]):
-        raise offline_error(missing)  # every missing wheel of every lock named at once, before any work
-    env, tally = fetch_and_unpack(job.store, qualified.locks, reporter, job.share, tags, offline=offline)
+    """Step 3: the wheels planned (what the store has, what it lacks), then the plan executed."""
+    accepts = Accepts(qualified.python.tags)
+    env_steps = plan_wheels(job.store, qualified.locks, accepts, "environment")
+    tc_steps = plan_wheels(job.store, qualified.toolchain_locks, accepts, "toolchain")
+    if offline and (lacking := missing([*env_steps, *tc_steps])):
+        raise offline_error(lacking)  # every missing wheel of every lock named at once, before any work
+    env, tally = fetch_and_unpack(job.store, env_steps, reporter, job.share, accepts, offline=offline)
     tc: list[Unpacked] = []
-    if qualified.toolchain_locks:
-        tc, tc_tally = fetch_and_unpack(job.store, qualified.toolchain_locks, reporter, job.share, tags,
-                                        offline=offline)
+    if tc_steps:
+        tc, tc_tally = fetch_and_unpack(job.store, tc_steps, reporter, job.share, accepts, offline=offline)
         tally += tc_tally
     return Fetched(env, tc, tally)
 

@@ -167,8 +167,12 @@ def hash_regular(path: Path | str) -> tuple[str, int]:
 
 
 class Store:
-    def __init__(self, path: Path, *, durable: bool | None = None) -> None:
+    def __init__(self, path: Path, *, durable: bool | None = None, read_only: bool = False) -> None:
+        """``read_only``: a plan's view (``realize --dry-run``): ``use`` and ``use_blob`` only look (nothing is
+        pinned, no temp-roots file made), ``open`` makes nothing, and every writer raises: the invariant "a plan
+        writes nothing" kept here, in one place."""
         self.path = path
+        self.read_only = read_only
         self.blobs = path / "blobs"
         self._blobs_text = str(self.blobs)
         self.entries = path / "entries"
@@ -181,8 +185,13 @@ class Store:
         self.durable = fs.durable_default() if durable is None else durable
         self._temproots: TempRoots | None = None
 
+    def _writing(self, what: str) -> None:
+        if self.read_only:
+            raise RuntimeError(f"{what} in a read-only view of the store {self.path}")
+
     # opening ---------------------------------------------------------------
     def open(self) -> Store:
+        """The store's format checked; a store made where there is none (a read-only view stays without)."""
         fmt = self.path / "FORMAT"
         if os.path.lexists(fmt):
             try:
@@ -194,7 +203,7 @@ class Store:
             if found != f"hermetic-store {STORE_FORMAT}":
                 raise WorkFailed(f"the store has format {found!r}; this hermetic reads format {STORE_FORMAT}",
                                  where=str(fmt), hint="use a matching hermetic, or `hermetic gc --all`")
-        else:
+        elif not self.read_only:
             for d in (self.blobs, self.entries, self.locks, self.tmp, self.trash, self.temproots_dir):
                 d.mkdir(parents=True, exist_ok=True)
             fs.atomic_write(fmt, f"hermetic-store {STORE_FORMAT}\n".encode())
@@ -214,12 +223,14 @@ class Store:
                            what="the store's gc lock")
 
     def pin_entry(self, name: str) -> None:
-        """Hold an entry alive for the rest of this process (a temp root gc reads)."""
-        self.temproots.add(entry_ref(name))
+        """Hold an entry alive for the rest of this process (a temp root gc reads; none in a read-only view)."""
+        if not self.read_only:
+            self.temproots.add(entry_ref(name))
 
     def pin_blob(self, name: str) -> None:
         """Hold a blob (by its file name, ``blob_name``) alive for the rest of this process."""
-        self.temproots.add(blob_ref(name))
+        if not self.read_only:
+            self.temproots.add(blob_ref(name))
 
     # blobs -----------------------------------------------------------------
     def blob_path(self, digest: str, executable: bool = False) -> Path:
@@ -241,13 +252,16 @@ class Store:
 
     def use_blob(self, digest: str, executable: bool = False) -> bool:
         """Pin a blob for this process (a temp root); False if it does not exist. Like ``use``, atomic with
-        respect to gc: a blob found here stays until this process ends."""
+        respect to gc: a blob found here stays until this process ends. A read-only view only looks."""
+        if self.read_only:
+            return self.has_blob(digest, executable)
         with self.gc_lock():
             self.pin_blob(blob_name(digest, executable))
             return self.has_blob(digest, executable)
 
     def put_blob_file(self, src: Path, digest: str, executable: bool = False) -> Path:
         """Move a verified temp file (on the store's file system) into place as a read-only blob (pinned)."""
+        self._writing("a blob put")
         dst = self.blob_path(digest, executable)
         if self.use_blob(digest, executable):
             src.unlink()
@@ -271,6 +285,7 @@ class Store:
 
     def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
         """Hash while copying to a temp file; publish as a blob unless it already exists."""
+        self._writing("a blob put")
         with fs.scratch_file(self.tmp, "blob-") as tmp:
             digest, size = fs.copy_hashed(stream, tmp, fresh=False)
             self.put_blob_file(tmp, digest, executable)
@@ -285,6 +300,7 @@ class Store:
     def put_blob_bytes(self, data: bytes, executable: bool = False) -> str:
         """Publish ``data`` as a blob; an existing blob of that name whose bytes are no longer ``data`` (a
         flipped bit) is healed in place, so every tree that links it is right again."""
+        self._writing("a blob put")
         digest = hashlib.sha256(data).hexdigest()
         if not self.use_blob(digest, executable):
             with fs.scratch_file(self.tmp, "blob-") as tmp:
@@ -296,6 +312,7 @@ class Store:
 
     def heal_blob(self, digest: str, executable: bool, data: bytes) -> None:
         """Rewrite a corrupt blob's bytes in place (its inode is shared by every tree that holds the file)."""
+        self._writing("a blob healed")
         if hashlib.sha256(data).hexdigest() != digest:
             raise ValueError(f"healing blob {digest} with other bytes")
         path = self.blob_path(digest, executable)
@@ -311,6 +328,7 @@ class Store:
 
     def drop_blob(self, digest: str, executable: bool = False) -> None:
         """Remove a blob that must not stay (corrupt, or a hostile download no entry will ever name)."""
+        self._writing("a blob removed")
         path = self.blob_path(digest, executable)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
@@ -425,6 +443,7 @@ class Store:
         unlinked while held, which ``fs.FileLock`` makes safe for a waiter (it re-opens a lock whose file
         was replaced or removed while it waited).
         """
+        self._writing(f"entry {name} built")
         with self.entry_lock(name) as lock:
             if self.use(name):
                 yield None
@@ -445,11 +464,15 @@ class Store:
         Pin and check happen under the gc lock (shared): gc plans and deletes under it (exclusive), so it
         either sees this pin or has finished deleting before the check. Without the lock, gc could plan,
         this process pin and find the entry, and gc delete it anyway (tests/test_concurrency.py). An entry
-        whose record is no regular file (a FIFO, a folder, a link in its place) is never used: BadRecord.
+        whose record is no regular file (a FIFO, a folder, a link in its place) is never used: BadRecord. A
+        read-only view only looks.
         """
-        with self.gc_lock():
-            self.pin_entry(name)
+        if self.read_only:
             present = self.has_entry(name)
+        else:
+            with self.gc_lock():
+                self.pin_entry(name)
+                present = self.has_entry(name)
         if present:
             meta = lstat_or_none(self.entries / name / ENTRY_META)
             if meta is not None and not stat.S_ISREG(meta.st_mode):
@@ -458,6 +481,7 @@ class Store:
 
     def invalidate(self, name: str) -> Path | None:
         """Rename an entry into trash/: from this moment it is invalid garbage. Returns its trash path."""
+        self._writing(f"entry {name} invalidated")
         src = self.entries / name
         if not src.exists():
             return None
@@ -486,6 +510,7 @@ class Store:
 
     # the index: entries listed under a lookup key (objects by what must be equal to compare their inputs)
     def index_add(self, key: str, name: str) -> Path:
+        self._writing("an index entry added")
         link = self.path / "index" / key[:2] / key / name
         fs.atomic_symlink(os.path.relpath(self.entry_path(name), link.parent), link)
         return link

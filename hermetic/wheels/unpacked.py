@@ -11,10 +11,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from hermetic import fs
-from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.errors import BadInput, HermeticError, PreconditionFailed
 from hermetic.keys import unpacked_key
 from hermetic.locks.types import Lock, LockedWheel
 from hermetic.reporter import Reporter, plural
@@ -81,46 +81,112 @@ def offline_error(missing: Sequence[tuple[str, str]]) -> PreconditionFailed:
                               where=missing[0][1] if len(missing) == 1 else None, hint=OFFLINE_HINT)
 
 
-def offline_missing(store: Store, locks: list[Lock], tags: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    """(label, where) of each locked wheel neither unpacked nor stored: what an offline realize cannot get."""
-    get = _Acquire(store, Reporter(quiet=True), WheelTally(), None, _Accepts(tags), True)
-    return [(wheel_label(w), w.where) for w in _unique_wheels(locks)
-            if _existing_unpacked(store, w, get.accepts) is None and get.stored(w) is None]
+class WheelStep(NamedTuple):
+    """What a realize decides of one locked wheel (``plan_wheels``): ``reuse`` its unpacked entry (``found``),
+    ``unpack`` its file, a blob of the store (``blob``), or ``fetch`` it; with what a plan says of it (its file's
+    name and size, the URL it comes from, or the problem that would stop the fetch)."""
+    part: str                           # "environment" or "toolchain"
+    wheel: LockedWheel
+    action: str
+    found: Unpacked | None = None
+    blob: Path | None = None
+    filename: str | None = None
+    bytes: int | None = None
+    url: str | None = None
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        return wheel_label(self.wheel)
+
+    def record(self) -> dict[str, object]:
+        """The dry run's JSON line of it."""
+        w = self.wheel
+        out: dict[str, object] = {"part": self.part, "name": w.name, "version": w.version, "label": self.label,
+                                  "where": w.where, "filename": self.filename, "bytes": self.bytes, "url": self.url,
+                                  "entry": self.found.entry if self.found else None, "action": self.action}
+        if self.problem is not None:
+            out["problem"] = self.problem
+        return out
 
 
-def fetch_and_unpack(store: Store, locks: list[Lock], reporter: Reporter, share: Substituter | None = None,
-                     tags: Sequence[str] | None = None, *, offline: bool = False
-                     ) -> tuple[list[Unpacked], WheelTally]:
-    """Each locked wheel unpacked in the store for the interpreter of ``tags`` (best first; None: the one
-    running hermetic), fetching only what is missing.
+def plan_wheels(store: Store, locks: list[Lock], accepts: Accepts, part: str) -> list[WheelStep]:
+    """Each unique locked wheel: its unpacked entry this interpreter accepts (loaded once, for the execution
+    too), else its file in the store, else a fetch. On a writable store what is found is pinned (a temp root),
+    so nothing gc collects meanwhile is missing when the realize goes on; a read-only one only looks."""
+    out = []
+    for w in unique_wheels(locks):
+        found = _existing_unpacked(store, w, accepts)
+        if found is not None:
+            out.append(WheelStep(part, w, "reuse", found, filename=found.filename, bytes=w.size))
+            continue
+        blob = _stored_blob(store, w, accepts)
+        if blob is not None:
+            out.append(WheelStep(part, w, "unpack", blob=blob, filename=w.filename or filename_from_wheel(w, blob),
+                                 bytes=blob.stat().st_size))
+        else:
+            out.append(WheelStep(part, w, "fetch", filename=w.filename, bytes=w.size))
+    return out
+
+
+def missing(steps: Sequence[WheelStep]) -> list[tuple[str, str]]:
+    """(label, where) of each wheel a plan must fetch: what an offline realize cannot get."""
+    return [(s.label, s.wheel.where) for s in steps if s.action == "fetch"]
+
+
+def locate(step: WheelStep, fetcher: Fetcher | None, reporter: Reporter) -> WheelStep:
+    """Where a wheel to fetch comes from and its size: the lock's, else the index's (``fetcher``; None
+    offline: the size of a local file the lock names, else unknown). A wheel that cannot be found keeps its
+    problem, said as a warning: the realize would fail there."""
+    w = step.wheel
+    if fetcher is None:
+        if step.bytes is None and w.path is not None and os.path.isfile(w.path):
+            return step._replace(bytes=os.path.getsize(w.path))
+        return step
+    try:
+        found = fetcher.locate(w)
+    except HermeticError as e:
+        reporter.warn(f"{step.label}: {e.what}", wheel=step.label)
+        return step._replace(problem=e.render().removeprefix("error: "))
+    return step._replace(filename=found.filename, bytes=found.size, url=found.url)
+
+
+def plan_fetcher(tmp: Path, accepts: Accepts) -> Fetcher:
+    """A fetcher that only locates (pip's configuration, this interpreter's tags), for a plan."""
+    from hermetic.fetch.download import Fetcher
+    from hermetic.fetch.pipconfig import load_pip_config
+    return Fetcher(load_pip_config(), tmp, None, tags=accepts.tag_list())
+
+
+def fetch_and_unpack(store: Store, steps: list[WheelStep], reporter: Reporter, share: Substituter | None,
+                     accepts: Accepts, *, offline: bool = False) -> tuple[list[Unpacked], WheelTally]:
+    """The plan's wheels (``plan_wheels``) unpacked in the store for the interpreter of ``accepts``, fetching
+    only what is missing.
 
     A pin by name and version (a pip hash lock's ``name==version``, hashes of several files) is satisfied
     by a file whose tags the interpreter accepts: an entry unpacked for another interpreter is not reused.
 
     The unpacked entry's lock is held while its wheel is fetched, so concurrent realizes of one recipe
-    download and unpack each wheel once; the others wait and reuse it. ``offline``: nothing is fetched; a
-    wheel neither unpacked nor stored is a failed precondition naming every such wheel, before any work.
-    Returns the unpacked entries and what it did.
+    download and unpack each wheel once; the others wait and reuse it (a plan is the decision as of then: its
+    execution checks again). ``offline``: nothing is fetched; a wheel to fetch is a failed precondition naming
+    every such wheel, before any work. Returns the unpacked entries and what it did.
     """
-    wheels = _unique_wheels(locks)
     counts = WheelTally()
-    counts.wheels = len(wheels)
+    counts.wheels = len(steps)
     out: list[Unpacked] = []
-    get = _Acquire(store, reporter, counts, None if offline else share, _Accepts(tags), offline)
-    if offline and (missing := offline_missing(store, locks, tags)):
-        raise offline_error(missing)
-    present = {w: _existing_unpacked(store, w, get.accepts) for w in wheels}
-    if lacking := [w for w, found in present.items() if found is None]:  # said before the index is asked
-        sizes = [w.size for w in lacking]
+    get = _Acquire(store, reporter, counts, None if offline else share, accepts, offline)
+    if offline and (lacking := missing(steps)):
+        raise offline_error(lacking)
+    if lacking_steps := [s for s in steps if s.action == "fetch"]:  # said before the index is asked
+        sizes = [s.wheel.size for s in lacking_steps]
         size = f", {sum(s for s in sizes if s) / 1e6:.1f} MB" if all(sizes) else ""
-        reporter.event("fetch-start", f"fetching {plural(len(lacking), 'wheels')} the store lacks{size}: "
-                                      + ", ".join(f"{w.name}=={w.version}" if w.version else w.filename or w.name
-                                                  for w in lacking),
-                       wheels=[w.name for w in lacking])
-    for w in wheels:
-        found = present[w]
-        if found is not None:
-            out.append(found)
+        reporter.event("fetch-start", f"fetching {plural(len(lacking_steps), 'wheels')} the store lacks{size}: "
+                                      + ", ".join(s.label for s in lacking_steps),
+                       wheels=[s.wheel.name for s in lacking_steps])
+    for step in steps:
+        w = step.wheel
+        if step.found is not None:
+            out.append(step.found)
             counts.reused += 1
             continue
         # A pin with the hashes of several files means the one this interpreter installs: which one is known
@@ -148,10 +214,10 @@ def fetch_and_unpack(store: Store, locks: list[Lock], reporter: Reporter, share:
     return sorted(out, key=lambda u: u.entry), counts
 
 
-def _make_fetcher(store: Store, reporter: Reporter, tags: Sequence[str] | None) -> Fetcher:
+def _make_fetcher(store: Store, reporter: Reporter, accepts: Accepts) -> Fetcher:
     from hermetic.fetch.download import Fetcher
     from hermetic.fetch.pipconfig import load_pip_config
-    return Fetcher(load_pip_config(), store.tmp, reporter, tags=_Accepts(tags).tag_list())
+    return Fetcher(load_pip_config(), store.tmp, reporter, tags=accepts.tag_list())
 
 
 class _Acquire:
@@ -160,18 +226,17 @@ class _Acquire:
     blob when fetched just now)."""
 
     def __init__(self, store: Store, reporter: Reporter, counts: WheelTally, share: Substituter | None,
-                 accepts: _Accepts, offline: bool = False) -> None:
+                 accepts: Accepts, offline: bool = False) -> None:
         self.store, self.reporter, self.counts, self.share, self.accepts = store, reporter, counts, share, accepts
         self.offline = offline
         self.fetcher: Fetcher | None = None
 
     def usable(self, w: LockedWheel, blob: Path) -> bool:
-        return bool(w.filename) or self.accepts(_filename_from_wheel(w, blob))
+        return bool(w.filename) or self.accepts(filename_from_wheel(w, blob))
 
     def stored(self, w: LockedWheel) -> Path | None:
         """A blob of the store that is this wheel's file (pinned), else None."""
-        return next((self.store.blob_path(h) for h in w.hashes
-                     if self.store.use_blob(h) and self.usable(w, self.store.blob_path(h))), None)
+        return _stored_blob(self.store, w, self.accepts)
 
     def __call__(self, w: LockedWheel) -> tuple[Path, str, Path | None]:
         store, share, counts = self.store, self.share, self.counts
@@ -186,17 +251,17 @@ class _Acquire:
             self.reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
                                 wheel=w.filename or w.name, sha256=shared, bytes=size, remote=True)
         if blob is not None:
-            return blob, w.filename or _filename_from_wheel(w, blob), None
-        if self.offline:  # gone since fetch_and_unpack looked (gc): still nothing is fetched
+            return blob, w.filename or filename_from_wheel(w, blob), None
+        if self.offline:  # gone since the plan looked (gc): still nothing is fetched
             raise offline_error([(wheel_label(w), w.where)])
         if self.fetcher is None:
-            self.fetcher = _make_fetcher(store, self.reporter, self.accepts.tags)
+            self.fetcher = _make_fetcher(store, self.reporter, self.accepts)
         self.reporter.event("phase", phase="fetching")
         fetched, filename = _fetch(store, self.fetcher, w, self.reporter, counts)
         return fetched, filename, fetched
 
 
-class _Accepts:
+class Accepts:
     """Whether a wheel's file name is installable by the interpreter of ``tags`` (parsed when first asked)."""
 
     def __init__(self, tags: Sequence[str] | None) -> None:
@@ -226,7 +291,8 @@ def _fetch(store: Store, fetcher: Fetcher, w: LockedWheel, reporter: Reporter,
     return blob, got.filename
 
 
-def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
+def unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
+    """Each wheel of ``locks`` once, by name (one locked twice with different hashes is bad input)."""
     seen: dict[str, LockedWheel] = {}
     for lock in locks:
         for w in lock.wheels:
@@ -237,7 +303,7 @@ def _unique_wheels(locks: list[Lock]) -> list[LockedWheel]:
     return [seen[k] for k in sorted(seen)]
 
 
-def _existing_unpacked(store: Store, w: LockedWheel, accepts: _Accepts) -> Unpacked | None:
+def _existing_unpacked(store: Store, w: LockedWheel, accepts: Accepts) -> Unpacked | None:
     """A wheel already unpacked under any of its locked hashes needs no fetch, not even its file; for a pin
     without a file name, only one this interpreter can install."""
     for h in w.hashes:
@@ -249,7 +315,13 @@ def _existing_unpacked(store: Store, w: LockedWheel, accepts: _Accepts) -> Unpac
     return None
 
 
-def _filename_from_wheel(w: LockedWheel, blob: Path) -> str:
+def _stored_blob(store: Store, w: LockedWheel, accepts: Accepts) -> Path | None:
+    """A blob of the store that is this wheel's file and this interpreter installs (pinned), else None."""
+    return next((store.blob_path(h) for h in w.hashes
+                 if store.use_blob(h) and (w.filename or accepts(filename_from_wheel(w, store.blob_path(h))))), None)
+
+
+def filename_from_wheel(w: LockedWheel, blob: Path) -> str:
     """Rebuild a stored wheel's file name from its own dist-info (the store names blobs by hash)."""
     import zipfile
     try:
