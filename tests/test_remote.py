@@ -32,9 +32,10 @@ import pytest
 from hermetic.build.certificate import read_certificate
 from hermetic.keys import lookup_key, object_key, split_defines
 from hermetic.remote.actionresult import OutputFile, decode_action_result, encode_action_result
-from hermetic.remote.bazel import BazelHttpCache
+from hermetic.remote.bazel import open_storage
 from hermetic.remote.layout import Sharing, objects_key
 from hermetic.remote.settings import RemoteOptions, RemoteSettings, resolve_settings
+from hermetic.remote.storage import Storage
 from hermetic.reporter import Reporter
 from hermetic.store import STORE_FORMAT, Store, entry_name
 from tests.support import cli
@@ -298,7 +299,7 @@ def test_credentials_never_leave_the_environment(team: Team) -> None:
     out = io.StringIO()
     wrong = resolve_settings(RemoteOptions(team.server.url.replace("://", f"://{WRITER}:not-{PASSWORD}@"), "rw"), {})
     assert wrong is not None
-    cache = BazelHttpCache(wrong, Reporter(stderr=out))
+    cache = open_storage(wrong, Reporter(stderr=out))
     assert cache.put_cas_bytes(hashlib.sha256(b"x").hexdigest(), b"x") is False
     assert "refuses uploads (PUT" in out.getvalue() and "401" in out.getvalue()
     assert PASSWORD not in out.getvalue() and cache.usable and not cache.writable
@@ -392,7 +393,7 @@ def _upload_same_record(args: tuple[str, str, int]) -> dict[str, int]:
     digest = store.put_blob_bytes(blob)
     settings = resolve_settings(RemoteOptions(url, "rw"), {})
     assert settings is not None
-    share = Sharing(BazelHttpCache(settings, Reporter(stderr=io.StringIO())), store)
+    share = Sharing(open_storage(settings, Reporter(stderr=io.StringIO())), store)
     for _ in range(rounds):
         share.remote.wrong.add(digest)  # force the PUT (no HEAD short cut): writers really collide
         share.upload_objects([meta])
@@ -435,7 +436,7 @@ def test_concurrent_uploads_of_the_same_keys(team: Team, tmp_path: Path) -> None
     # and a reader accepts it: every check of a fetched record passes
     settings = resolve_settings(RemoteOptions(team.server.url), {})
     assert settings is not None
-    reader = Sharing(BazelHttpCache(settings, Reporter(stderr=io.StringIO())), Store(tmp_path / "reader").open())
+    reader = Sharing(open_storage(settings, Reporter(stderr=io.StringIO())), Store(tmp_path / "reader").open())
     assert reader._records(meta["lookup"]) == [meta]
 
 
@@ -444,13 +445,13 @@ def test_a_record_whose_command_its_key_does_not_describe_is_refused(team: Team,
     meta, blob = _record()
     meta = {**meta, "command": ["sh", "-c", "touch /tmp/pwned", "-DX=1", "-o", "x.o"],
             "lookup": hashlib.sha256(b"another lookup").hexdigest()}
-    writer = Sharing(BazelHttpCache(_settings(team.server.writer_url, "rw"), Reporter(stderr=io.StringIO())),
+    writer = Sharing(open_storage(_settings(team.server.writer_url, "rw"), Reporter(stderr=io.StringIO())),
                      Store(tmp_path / "writer").open())
     writer.store.put_blob_bytes(blob)
     writer.upload_objects([meta])
     assert writer.counts["objects_uploaded"] == 1  # the server takes anything from a writer
     out = io.StringIO()
-    reader = Sharing(BazelHttpCache(_settings(team.server.url, "ro"), Reporter(stderr=out)),
+    reader = Sharing(open_storage(_settings(team.server.url, "ro"), Reporter(stderr=out)),
                      Store(tmp_path / "reader").open())
     assert reader._records(meta["lookup"]) == []
     assert "is not valid (its name is not the key of its inputs)" in out.getvalue()
@@ -499,11 +500,11 @@ def _serve(status: int, body: bytes = b"") -> Iterator[tuple[str, type[_Answer]]
         server.server_close()
 
 
-def _client(url: str, environ: dict[str, str] | None = None) -> tuple[BazelHttpCache, io.StringIO]:
+def _client(url: str, environ: dict[str, str] | None = None) -> tuple[Storage, io.StringIO]:
     out = io.StringIO()
     settings = resolve_settings(RemoteOptions(url), environ or {})
     assert settings is not None
-    return BazelHttpCache(settings, Reporter(stderr=out)), out
+    return open_storage(settings, Reporter(stderr=out)), out
 
 
 def test_refused_timeout_5xx_and_bad_bodies_are_misses_with_a_warning() -> None:

@@ -16,7 +16,7 @@ import pytest
 import zstandard
 
 from hermetic.remote.actionresult import OutputFile, decode_action_result
-from hermetic.remote.bazel import BazelHttpCache
+from hermetic.remote.bazel import open_storage
 from hermetic.remote.layout import SIGNATURE, Sharing, module_key, signature_key
 from hermetic.remote.settings import RemoteOptions, resolve_settings
 from hermetic.reporter import Reporter
@@ -48,7 +48,7 @@ def _sharing(url: str, store: Path, *, trusted: list[provenance.PublicKey] | Non
              signer: provenance.SecretKey | None = None, mode: str = "ro") -> Sharing:
     settings = resolve_settings(RemoteOptions(url, mode), {})
     assert settings is not None
-    return Sharing(BazelHttpCache(settings, Reporter(quiet=True)), Store(store).open(), trusted=trusted or [],
+    return Sharing(open_storage(settings, Reporter(quiet=True)), Store(store).open(), trusted=trusted or [],
                    signer=signer, from_environment=False)
 
 

@@ -439,8 +439,8 @@ def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
     if offline:
         reporter.event("remote", f"offline: the remote cache {settings.url} is not used", offline=True)
         return None
-    from hermetic.remote.bazel import BazelHttpCache
+    from hermetic.remote.bazel import open_storage
     from hermetic.remote.layout import Sharing
     reporter.event("remote", f"remote cache {settings.url} ({'read-write' if settings.writable else 'read-only'})",
                    **settings.record())
-    return Sharing(BazelHttpCache(settings, reporter), store)
+    return Sharing(open_storage(settings, reporter), store)

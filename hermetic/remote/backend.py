@@ -1,59 +1,51 @@
-"""What hermetic needs of a remote cache: a content-addressed store (``cas``) and an action cache (``ac``) of
-output-file lists. ``bazel.BazelHttpCache`` speaks Bazel's HTTP cache protocol; a second protocol (gRPC
-REAPI, S3) is a new class with these methods, and ``layout`` works with it unchanged.
+"""What hermetic needs of a remote cache's server, and no more (as ccache's storage backends: get, put, has): a
+content-addressed store (``cas``) and an action cache (``ac``) of output-file lists, each entry read, written
+or asked for by its key. ``bazel.BazelHttpCache`` speaks Bazel's HTTP cache protocol; a second protocol (gRPC
+REAPI, S3) is a class with these three methods and an ``open_storage`` of its own.
 
-Every method turns failures into a miss (None or False) and a warning, never an exception: the remote is
-an optional layer, never on the correctness path.
+A backend verifies nothing, counts nothing and warns nothing: it moves bytes and says how a request failed.
+``storage.Storage`` wraps one with what every protocol shares: verifying what comes back, the stats, the
+warnings and the rule that gives up on a server that keeps failing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Literal, Protocol
 
-from hermetic.remote.actionresult import OutputFile
-from hermetic.remote.settings import RemoteSettings
+Area = Literal["ac", "cas"]
+
+
+class Unreachable(Exception):
+    """The transport failed: refused, timed out, reset, or stalled below the transfer floor (the message says
+    why, without credentials)."""
+
+
+class Refused(Exception):
+    """The server answered with an error."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status, self.reason = status, reason
+
+
+class TooLarge(Exception):
+    """A body longer than the caller allows: ``declared`` (its Content-Length) before a byte is read, else
+    counted as it came (nothing past the limit is read)."""
+
+    def __init__(self, limit: int, declared: int | None = None) -> None:
+        super().__init__(f"more than {limit} bytes" if declared is None else f"{declared} bytes declared")
+        self.limit, self.declared = limit, declared
 
 
 class Backend(Protocol):
-    settings: RemoteSettings
+    def get(self, area: Area, key: str, limit: int) -> Iterator[bytes] | None:
+        """The entry's bytes in pieces as they arrive, never past ``limit`` (TooLarge); None: the server has
+        none. Closing the iterator ends the request."""
 
-    @property
-    def url(self) -> str: ...
+    def put(self, area: Area, key: str, body: bytes | Path) -> None:
+        """Store the entry (a file is read as it is sent), its length declared."""
 
-    @property
-    def usable(self) -> bool:
-        """False once the server proved unreachable: every later call is a miss without a request."""
-
-    @property
-    def writable(self) -> bool:
-        """Whether uploads are wanted (mode rw) and still accepted."""
-
-    def summary(self) -> dict[str, Any]:
-        """For the receipt: where, how, and what happened (no credentials)."""
-
-    def close(self) -> None: ...
-
-    def get_ac(self, key: str) -> list[OutputFile] | None:
-        """The output files of action entry ``key``; None on a miss or any failure."""
-
-    def put_ac(self, key: str, files: list[OutputFile]) -> bool:
-        """Write action entry ``key``; the blobs it names must be uploaded first."""
-
-    def get_cas_bytes(self, digest: str, max_size: int, *, listed: bool = False) -> bytes | None:
-        """Blob ``digest`` in memory, verified; ``listed``: an action entry names it (a miss is a warning)."""
-
-    def get_cas_file(self, digest: str, directory: Path, *, size: int | None = None, max_size: int = 1 << 40,
-                     listed: bool = False) -> Path | None:
-        """Blob ``digest`` streamed into a new file in ``directory`` and verified; None leaves no file."""
-
-    def put_cas_file(self, digest: str, path: Path) -> bool:
-        """Upload a local file as blob ``digest`` unless the server has it; True when it is there now."""
-
-    def put_cas_bytes(self, digest: str, data: bytes) -> bool: ...
-
-    def has(self, path: str) -> bool | None:
-        """Whether the server has ``ac/<key>`` or ``cas/<digest>``; None when it could not say."""
-
-    def failed(self, what: str) -> None:
-        """Count a bad answer and warn (the layout's own checks found it wrong)."""
+    def has(self, area: Area, key: str) -> bool:
+        """Whether the server has the entry."""

@@ -39,7 +39,7 @@ from hermetic import fs
 from hermetic.build.objects import Chosen, ObjectCache, object_bytes
 from hermetic.build.plan import Compile
 from hermetic.remote.actionresult import SHA256_RE, OutputFile
-from hermetic.remote.backend import Backend
+from hermetic.remote.storage import Storage
 from hermetic.store import STORE_FORMAT, Store, blob_ref, provenance
 from hermetic.store.admission import record_problem
 from hermetic.store.records import ObjectRecord
@@ -78,7 +78,7 @@ def signed_message(key: str, files: Sequence[OutputFile]) -> bytes:
 
 
 class Sharing:
-    def __init__(self, remote: Backend, store: Store, *, trusted: list[provenance.PublicKey] | None = None,
+    def __init__(self, remote: Storage, store: Store, *, trusted: list[provenance.PublicKey] | None = None,
                  signer: provenance.SecretKey | None = None, from_environment: bool = True) -> None:
         """``trusted``: the keys an action entry must be signed by (default HERMETIC_TRUSTED_KEYS; none: every
         entry is taken, as before signatures); ``signer``: the key this writer signs with (default
@@ -157,8 +157,10 @@ class Sharing:
         self.remote.close()
 
     # blobs: wheels and source archives --------------------------------------------
-    def fetch_blob(self, digests: Sequence[str], size: int | None = None, *, listed: bool = False) -> str | None:
-        """The first of ``digests`` the remote has, verified and put in the store; None otherwise."""
+    def fetch_blob(self, digests: Sequence[str], size: int | None = None, *, listed: bool = False,
+                   what: str = "blob") -> str | None:
+        """The first of ``digests`` the remote has, verified and put in the store; None otherwise. ``what``: a
+        "wheel" fetched from the remote is counted as one (the receipt's ``wheels_fetched``)."""
         for digest in digests:
             digest = digest.lower()
             if not SHA256_RE.match(digest):
@@ -168,6 +170,9 @@ class Sharing:
             tmp = self.remote.get_cas_file(digest, self.store.tmp, size=size, listed=listed)
             if tmp is not None:
                 self.store.put_blob_file(tmp, digest)  # pins it
+                if what == "wheel":
+                    with self._counts_lock:
+                        self.counts["wheels_fetched"] += 1
                 return digest
         return None
 
@@ -296,7 +301,7 @@ class Sharing:
     def upload_module(self, key: str, filename: str, so_digest: str, cert_blob: str) -> None:
         if not self.remote.writable:
             return
-        there = self.remote.has(f"ac/{module_key(key)}")
+        there = self.remote.has_ac(module_key(key))
         if there is None or (there and not self._replaces_unsigned(module_key(key), filename)):
             return  # there already (another builder's certificate stays), or the remote cannot say
         so_path, cert_path = self.store.blob_path(so_digest), self.store.blob_path(cert_blob)

@@ -10,10 +10,10 @@ from typing import Protocol
 
 
 class Substituter(Protocol):
-    counts: dict[str, int]   # what it served and took, for the receipt
-
-    def fetch_blob(self, digests: Sequence[str], size: int | None = None, *, listed: bool = False) -> str | None:
-        """The first of ``digests`` it has, verified and put in the local store (pinned); None otherwise."""
+    def fetch_blob(self, digests: Sequence[str], size: int | None = None, *, listed: bool = False,
+                   what: str = "blob") -> str | None:
+        """The first of ``digests`` it has, verified and put in the local store (pinned); None otherwise.
+        ``what`` says what the blob is, for the substituter's own counts ("wheel", "blob")."""
 
     def upload_blob(self, digest: str) -> None:
         """Offer a local blob (once it proved sound: a wheel that unpacked whole, say)."""

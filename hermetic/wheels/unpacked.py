@@ -241,11 +241,10 @@ class _Acquire:
     def __call__(self, w: LockedWheel) -> tuple[Path, str, Path | None]:
         store, share, counts = self.store, self.share, self.counts
         blob = self.stored(w)
-        if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size)) \
+        if blob is None and share is not None and (shared := share.fetch_blob(w.hashes, w.size, what="wheel")) \
                 and self.usable(w, store.blob_path(shared)):
             blob = store.blob_path(shared)            # from the remote cache, verified
             size = blob.stat().st_size
-            share.counts["wheels_fetched"] += 1
             counts.fetched += 1
             counts.fetched_bytes += size
             self.reporter.event("fetched", f"fetched {w.filename or w.name} from the remote cache ({size} bytes)",
