@@ -123,7 +123,7 @@ realize() {  # NAME VARIANT [ARGS...]: one realize of exl3, timed, stopped befor
     for f in $(find "$R/receipts" -name '*.json' -newer "$W/.mark" 2>/dev/null); do
         cp "$f" "$W/$name-receipt-$(basename "$f")"; rs+=("$f")
     done
-    # one build graph for every variant (build/graph.py): its ninja log is the recipe's, and each compile's
+    # one build graph for every variant (extensions/graph.py): its ninja log is the recipe's, and each compile's
     # phase, start, wall time and peak memory are in the receipt's schedule.units
     local nl="$R/build/exl3/.ninja_log"
     [ -f "$nl" ] && cp "$nl" "$W/$name-ninja.log"

@@ -2,9 +2,9 @@
 
 The pipeline, one subpackage per concern (docs/architecture.md draws the arrows):
 
-    realize = recipe (validate) -> build.host (qualify) -> wheels (fetch, unpack) -> store.trees (materialize)
-              -> build.toolchain -> build.sources -> build (compile with certified reuse, link)
-              -> build.importcheck -> realize.receipt + store.roots
+    realize = recipe (validate) -> extensions.host (qualify) -> wheels (fetch, unpack) -> store.trees (materialize)
+              -> extensions.toolchain -> extensions.sources -> extensions (compile with certified reuse, link)
+              -> extensions.importcheck -> realize.receipt + store.roots
     run     = run.spec (validate) -> realize -> run.devices (lock, preconditions) -> run.child (measure)
               -> run.digests + run.analysis (check, statistics) -> run.report -> receipt
     gc      = store.roots + temp roots -> mark -> invalidate (rename to trash) -> delete (store.gc)

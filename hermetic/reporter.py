@@ -59,7 +59,7 @@ class Reporter:
         self.verbose = verbose and not quiet
         self.interactive = (not json_mode) and self.stderr.isatty()
         self._display: _Display | None = None
-        self._lock = threading.Lock()  # a task may report from a thread of its own (build/graph.py's)
+        self._lock = threading.Lock()  # a task may report from a thread of its own (extensions/graph.py's)
 
     # events -----------------------------------------------------------------
     def event(self, kind: str, message: str = "", /, **fields: Any) -> None:

@@ -21,7 +21,7 @@ PACKAGE = REPO / "hermetic"
 # The rooms, highest first: a module may import from its own room and from rooms ranked below it, never above
 # (docs/architecture.md draws the same table). Single modules are rooms of their own.
 RANK = {
-    "__main__": 100, "cli": 90, "run": 80, "realize": 70, "remote": 60, "build": 50, "wheels": 40, "fetch": 35,
+    "__main__": 100, "cli": 90, "run": 80, "realize": 70, "remote": 60, "extensions": 50, "wheels": 40, "fetch": 35,
     "locks": 30, "store": 20, "recipe": 15, "keys": 12, "interpreter": 11, "sandbox": 11, "audit": 10, "procs": 10,
     "reporter": 10, "tomlutil": 10, "urls": 10, "root": 6, "fs": 5, "errors": 0,
 }
@@ -236,7 +236,7 @@ WRITER_ROOMS = ("hermetic/store/",)
 WRITE_ALLOWED = {
     "hermetic/run/child.py": "the measuring process imports nothing from hermetic (it runs in the host "
                              "interpreter inside the realized environment); it writes its results file once",
-    "hermetic/build/costwrap.py": "the compile wrapper runs under ninja without site or hermetic (python -S); it "
+    "hermetic/extensions/costwrap.py": "the compile wrapper runs under ninja without site or hermetic (python -S); it "
                                   "writes one small JSON file, through a temp file renamed into place",
     "hermetic/run/pipeline.py": "the worker's log, written line by line while the child prints: a growing log "
                                 "cannot be written atomically",

@@ -143,8 +143,8 @@ def test_limits_apply_to_live_compilers(tmp_path: Path, shared_root: Path) -> No
 
 
 def test_compile_commands_agree_with_torch(tmp_path: Path, shared_root: Path) -> None:
-    from hermetic.build.host import qualify
-    from hermetic.build.plan import CudaTarget, ModuleSite, plan_extension, prefix_map
+    from hermetic.extensions.host import qualify
+    from hermetic.extensions.plan import CudaTarget, ModuleSite, plan_extension, prefix_map
     from hermetic.recipe import Extension, Variant
     from hermetic.root import Root
 
@@ -183,8 +183,8 @@ ce._write_ninja_file_to_build_library({str(tmp_path / 'torch.ninja')!r}, 'fixtur
 
 
 def test_cold_order_counts_the_local_headers_a_unit_includes_and_its_own_source_twice(tmp_path: Path) -> None:
-    from hermetic.build.extension import cold_weight
-    from hermetic.build.plan import Compile
+    from hermetic.extensions.extension import cold_weight
+    from hermetic.extensions.plan import Compile
     (tmp_path / "inc").mkdir()
     (tmp_path / "inc" / "big.h").write_text("int x;\n" * 4000)
     (tmp_path / "bind.cpp").write_text('#include "big.h"\n#include "missing.h"\n#include <vector>\n')

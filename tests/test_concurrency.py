@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from hermetic.build.certificate import read_certificate
+from hermetic.extensions.certificate import read_certificate
 from hermetic.store import Store
 from tests.support import cli
 from tests.support.builds import Project

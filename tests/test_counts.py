@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hermetic.build.objects import Decision
+from hermetic.extensions.objects import Decision
 from hermetic.realize.noop import OBJECT_KEYS, Counts, ObjectCounts
 from tests.support.cli import REPO
 

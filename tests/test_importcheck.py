@@ -1,4 +1,4 @@
-"""The import check (build/importcheck.py) with its interpreter started early, on real torch: a profile laid
+"""The import check (extensions/importcheck.py) with its interpreter started early, on real torch: a profile laid
 out (or switched to another tree) after the interpreter started is the one imported; a check not needed stops
 the interpreter and leaves nothing behind; a module that does not import fails the check; and a realize killed
 while the early interpreter waits leaves no process of it alive."""
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.context import build_env
-from hermetic.build.importcheck import ImportCheck
 from hermetic.errors import WorkFailed
+from hermetic.extensions.context import build_env
+from hermetic.extensions.importcheck import ImportCheck
 from hermetic.root import Root
 from tests.support import cli
 from tests.support.builds import DATA, Project, joint_recipe

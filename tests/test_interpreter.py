@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.host import qualify
 from hermetic.errors import PreconditionFailed
+from hermetic.extensions.host import qualify
 from hermetic.root import Root
 from hermetic.store.archive import _check_hosts
 from tests.support.cli import REPO, Hermetic

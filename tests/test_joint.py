@@ -1,4 +1,4 @@
-"""One build graph for every variant of a realize (build/graph.py), on a real fixture (tests/data/joint_src,
+"""One build graph for every variant of a realize (extensions/graph.py), on a real fixture (tests/data/joint_src,
 real g++ through ninja): what overlaps, what waits, what a wrong prediction costs, what a failure keeps, and
 the no-op after a fresh checkout."""
 
@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hermetic.build.certificate import read_certificate
-from hermetic.build.graph import memory_pool
+from hermetic.extensions.certificate import read_certificate
+from hermetic.extensions.graph import memory_pool
 from hermetic.root import CACHES
 from hermetic.store import Store
 from tests.support import cli

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.sources import check_patch, check_patched_tree, realize_source
 from hermetic.errors import BadInput
+from hermetic.extensions.sources import check_patch, check_patched_tree, realize_source
 from hermetic.recipe import Source
 from hermetic.reporter import Reporter
 from hermetic.root import Root

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from hermetic.build.certificate import read_certificate
+from hermetic.extensions.certificate import read_certificate
 from hermetic.store import Store
 from tests.support.builds import Project, joint_recipe
 from tests.support.cli import REPO, command

@@ -1,4 +1,4 @@
-"""The include graph behind the joint graph's predictions (build/predict.py), on real files: what a source
+"""The include graph behind the joint graph's predictions (extensions/predict.py), on real files: what a source
 reaches through include cycles, through quoted and angle includes in the compiler's order, and what a later
 source adds to a graph whose earlier sets are already settled."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hermetic.build.plan import Compile
-from hermetic.build.predict import IncludeScanner
+from hermetic.extensions.plan import Compile
+from hermetic.extensions.predict import IncludeScanner
 from hermetic.root import Root
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from hermetic import sandbox
-from hermetic.build import toolchain
-from hermetic.build.sources import apply_patch
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
+from hermetic.extensions import toolchain
+from hermetic.extensions.sources import apply_patch
 from hermetic.procs import BackgroundProbe, Limits, TimedOut, exec_failure, run_limited
 from hermetic.root import Root
 from tests.support.reliability import live_commands, survivors

@@ -1,4 +1,4 @@
-"""The host's qualification guessed from torch's files while the probe imports torch (build/host.py), on real
+"""The host's qualification guessed from torch's files while the probe imports torch (extensions/host.py), on real
 torch: the guess is what the probe says on this host; a realize in a root that never qualified the interpreter
 goes on with the guess and records the probe's confirmation; a probe that contradicts the guess (here a
 sitecustomize that changes what torch reports, only in the probe's interpreter) starts the realize again with
@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from hermetic.build.host import HostFacts, _run_probe, guess_facts
+from hermetic.extensions.host import HostFacts, _run_probe, guess_facts
 from hermetic.root import Root
 from tests.support import cli
 from tests.support.cli import REPO, hermetic_env

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hermetic.build.certificate import read_certificate
-from hermetic.build.rebuild import normalized
+from hermetic.extensions.certificate import read_certificate
+from hermetic.extensions.rebuild import normalized
 from hermetic.root import Root
 from hermetic.store import Store
 from tests.support import cli

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from hermetic.build.certificate import read_certificate
+from hermetic.extensions.certificate import read_certificate
 from hermetic.keys import lookup_key, object_key, split_defines
 from hermetic.remote.actionresult import OutputFile, decode_action_result, encode_action_result
 from hermetic.remote.bazel import open_storage

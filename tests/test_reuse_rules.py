@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Chosen, Decision, NoneFits, choose
+from hermetic.extensions.objects import INPUT_CHANGED, NO_MATCH, Chosen, Decision, NoneFits, choose
 from hermetic.store.records import ObjectRecord
 
 

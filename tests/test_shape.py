@@ -55,9 +55,9 @@ def test_each_count_key_is_spelled_in_one_module() -> None:
         "\n".join(offenders)
 
 
-# --- host facts are read by key in build/host.py only -----------------------------------------------------------
+# --- host facts are read by key in extensions/host.py only -----------------------------------------------------------
 
-HOST_MODULE = "hermetic/build/host.py"
+HOST_MODULE = "hermetic/extensions/host.py"
 HOST_NAMES = ("facts", "host")
 
 
@@ -68,7 +68,7 @@ def _named(node: ast.AST) -> bool:
 
 def host_key_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, what) of every ``facts["k"]``, ``facts.get("k")``, ``host["k"]`` and ``host.get("k")``, on a name or
-    an attribute so named: the host facts read by string key (build.host.HostFacts has attributes)."""
+    an attribute so named: the host facts read by string key (extensions.host.HostFacts has attributes)."""
     def string(node: ast.AST) -> bool:
         return isinstance(node, ast.Constant) and isinstance(node.value, str)
 
@@ -91,13 +91,13 @@ def test_the_host_facts_check_sees_each_read() -> None:
 def test_no_module_but_build_host_reads_host_facts_by_key() -> None:
     offenders = [f"{rel}:{line}: {what}" for rel, tree in _sources().items() if rel != HOST_MODULE
                  for line, what in host_key_reads(tree)]
-    assert not offenders, f"host facts are read through build.host.HostFacts, by key only in {HOST_MODULE}:\n" + \
+    assert not offenders, f"host facts are read through extensions.host.HostFacts, by key only in {HOST_MODULE}:\n" + \
         "\n".join(offenders)
 
 
 # --- the pipelines pass values: no step takes more than eight parameters ----------------------------------------
 
-PIPELINE_ROOMS = ("hermetic/build/", "hermetic/realize/", "hermetic/run/")
+PIPELINE_ROOMS = ("hermetic/extensions/", "hermetic/realize/", "hermetic/run/")
 MAX_PARAMETERS = 8
 
 
@@ -144,20 +144,21 @@ def private_or_build_imports(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
             for alias in node.names:
-                if alias.name.startswith("_") or module.startswith(("hermetic.build", "hermetic.extensions")):
+                if alias.name.startswith("_") or module.startswith("hermetic.extensions"):
                     found.append((node.lineno, f"from {module} import {alias.name}"))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, f"import {a.name}") for a in node.names
-                      if a.name.startswith(("hermetic.build", "hermetic.extensions"))]
+                      if a.name.startswith("hermetic.extensions")]
     return sorted(found)
 
 
 def test_the_import_check_sees_private_names_and_the_build_room() -> None:
-    code = ("from hermetic.wheels.unpacked import _Accepts, offline_error\nfrom hermetic.build.host import qualify\n"
-            "import hermetic.build.plan\nfrom hermetic.realize.plan import plan_realize\n")
+    code = ("from hermetic.wheels.unpacked import _Accepts, offline_error\n"
+            "from hermetic.extensions.host import qualify\n"
+            "import hermetic.extensions.plan\nfrom hermetic.realize.plan import plan_realize\n")
     assert private_or_build_imports(ast.parse(code)) == [
-        (1, "from hermetic.wheels.unpacked import _Accepts"), (2, "from hermetic.build.host import qualify"),
-        (3, "import hermetic.build.plan")]
+        (1, "from hermetic.wheels.unpacked import _Accepts"), (2, "from hermetic.extensions.host import qualify"),
+        (3, "import hermetic.extensions.plan")]
 
 
 def test_the_dry_run_only_prints_a_plan() -> None:

@@ -11,8 +11,8 @@ from urllib.parse import quote
 
 import pytest
 
-from hermetic.build.sources import realize_source
 from hermetic.errors import BadInput
+from hermetic.extensions.sources import realize_source
 from hermetic.locks.validate import resolve_location
 from hermetic.recipe import Source
 from hermetic.reporter import Reporter

@@ -120,7 +120,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         report = verify(store, root)
     rebuilt = []
     if args.rebuild_sample > 0:
-        from hermetic.build.rebuild import rebuild_sample
+        from hermetic.extensions.rebuild import rebuild_sample
         from hermetic.realize.pipeline import say_refused, say_sandbox
         from hermetic.root import lock_dir
         from hermetic.sandbox import choose, resolve_mode
@@ -257,7 +257,7 @@ def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
-    from hermetic.build.host import qualify
+    from hermetic.extensions.host import qualify
     from hermetic.store.archive import import_closure
     stats = import_closure(root, args.archive, reporter=reporter,
                            host=lambda: qualify(root, None, need_torch=False).record(),

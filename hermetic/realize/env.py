@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hermetic.build.toolchain import cuda_home_rel
 from hermetic.errors import PreconditionFailed
+from hermetic.extensions.toolchain import cuda_home_rel
 from hermetic.interpreter import find_python
 from hermetic.recipe import Recipe, load_recipe
 from hermetic.root import Root

@@ -26,7 +26,7 @@ from hermetic.root import Root
 from hermetic.store import Store
 
 # The one place a count's key is spelled (tests/test_shape.py): (attribute, JSON key). An object key is
-# "objects_" and the compile room's decision (``build.objects.Decision``), so the two vocabularies meet here.
+# "objects_" and the compile room's decision (``extensions.objects.Decision``), so the two vocabularies meet here.
 WHEEL_KEYS = (("wheels", "wheels"), ("fetched", "fetched"), ("fetched_bytes", "fetched_bytes"),
               ("unpacked", "unpacked"), ("reused", "reused"), ("files", "files"))
 OBJECT_KEYS = (("compiled", "objects_compiled"), ("uncacheable", "objects_compiled-uncacheable"),

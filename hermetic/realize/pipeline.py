@@ -5,7 +5,7 @@
                   child of the steps below runs in (hermetic.sandbox), or why there is none
     2. qualify    the recipe's interpreter (its tags, markers and scheme; torch too for a recipe that
                   builds) and the locks, evaluated for it. Torch's facts may be a guess from its files while
-                  the probe imports it (build.host): confirmed before anything is recorded or any error
+                  the probe imports it (extensions.host): confirmed before anything is recorded or any error
                   reported; a refuted guess starts the realize again
     3. fetch      every locked wheel not yet in the store, unpacked once
     4. toolchain  the CUDA toolchain's tree, checked against torch
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hermetic import procs
 from hermetic.audit import OutsideRootAudit
-from hermetic.build.toolchain import toolchain_links
 from hermetic.errors import BadInput, HermeticError
+from hermetic.extensions.toolchain import toolchain_links
 from hermetic.interpreter import WHERE, Interpreter, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
@@ -57,10 +57,10 @@ from hermetic.wheels.unpacked import (
 )
 
 if TYPE_CHECKING:
-    from hermetic.build.context import BuildContext
-    from hermetic.build.host import Qualifying
-    from hermetic.build.importcheck import ImportCheck
-    from hermetic.build.variants import RecipeBuild
+    from hermetic.extensions.context import BuildContext
+    from hermetic.extensions.host import Qualifying
+    from hermetic.extensions.importcheck import ImportCheck
+    from hermetic.extensions.variants import RecipeBuild
     from hermetic.remote.layout import Sharing
     from hermetic.remote.settings import RemoteOptions
 
@@ -76,7 +76,7 @@ class RealizeOptions(NamedTuple):
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Outcome:
     """Steps 1-9; the caller ran step 0 (``noop.noop_check``) unless it wants every step (``--explain``)."""
-    from hermetic.build.host import GuessWrong
+    from hermetic.extensions.host import GuessWrong
     try:
         return _attempt(root, recipe_path, reporter, options, guess=True)
     except GuessWrong as e:  # nothing was recorded with the guess: the probe's answer is cached now
@@ -102,7 +102,7 @@ def _attempt(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
                 ctx = build_context(root, job, fetched, host, reporter)                      # 4
                 host.confirm(wait=False)   # where the probe has answered already
                 clock.lap("toolchain")
-                from hermetic.build.variants import prepare_sources
+                from hermetic.extensions.variants import prepare_sources
                 trees = prepare_sources(ctx, job.variants, offline=options.offline)          # 5
                 host.confirm(wait=False)
                 clock.lap("sources")
@@ -226,7 +226,7 @@ def read_recipe(recipe_path: Path, variant: str | None) -> tuple[Recipe, list[Va
     recipe = load_recipe(recipe_path)
     variants = chosen_variants(recipe, variant)
     if recipe.extensions:
-        from hermetic.build.variants import check_builds  # compilers' machinery only for recipes that build
+        from hermetic.extensions.variants import check_builds  # compilers' machinery only for recipes that build
         check_builds(recipe, variants)
     return recipe, variants, recipe.name if variant is None else f"{recipe.name}.{variant}"
 
@@ -255,10 +255,10 @@ def qualify(root: Root, recipe: Recipe) -> Qualified:
 
 
 def start_host(root: Root, job: Validated, *, guess: bool) -> Qualifying | None:
-    """The host's facts of a recipe that builds: cached, probed, or guessed while the probe runs (build.host)."""
+    """The host's facts of a recipe that builds: cached, probed, or guessed while the probe runs (extensions.host)."""
     if not job.builds:
         return None
-    from hermetic.build.host import start_qualify
+    from hermetic.extensions.host import start_qualify
     recipe = job.recipe
     return start_qualify(root, recipe.python, guess=guess,
                          where=recipe.doc.where("recipe", "python") if recipe.python else WHERE)
@@ -282,17 +282,17 @@ def fetch(job: Validated, qualified: Qualified, reporter: Reporter, offline: boo
 def build_context(root: Root, job: Validated, fetched: Fetched, host: Qualifying, reporter: Reporter
                   ) -> BuildContext:
     """Step 4: the toolchain prepared, and with it what every later step of the build reads."""
-    from hermetic.build.context import BuildContext
-    from hermetic.build.objects import InputHasher
-    from hermetic.build.toolchain import prepare_toolchain
+    from hermetic.extensions.context import BuildContext
+    from hermetic.extensions.objects import InputHasher
+    from hermetic.extensions.toolchain import prepare_toolchain
     toolchain = prepare_toolchain(root, job.store, job.recipe, fetched.toolchain, host.facts, reporter)
-    # each input stat'ed once while planning (build.graph makes the hasher live before the first compile)
+    # each input stat'ed once while planning (extensions.graph makes the hasher live before the first compile)
     return BuildContext(root, job.store, job.recipe, host.facts, toolchain, reporter, job.share,
                         InputHasher(root, snapshot=True))
 
 
 def import_check(ctx: BuildContext, name: str) -> ImportCheck:
-    from hermetic.build.importcheck import ImportCheck
+    from hermetic.extensions.importcheck import ImportCheck
     return ImportCheck(ctx.root, ctx.host.executable, ctx.root.profiles / name, ctx.env)
 
 
@@ -300,7 +300,7 @@ def build(ctx: BuildContext, job: Validated, trees: Any, host: Qualifying, impor
           early: bool, explain: bool) -> RecipeBuild:
     """Step 6. The import check's interpreter imports torch while the compiles run, where the profile holds no
     wheels that torch's import could read (``early``: they are laid out in step 7; importcheck.py)."""
-    from hermetic.build.variants import build_variants
+    from hermetic.extensions.variants import build_variants
     if ctx.share is not None:  # objects fetched from the remote are stored under keys that name the host
         host.confirm()
     built = build_variants(ctx, job.variants, trees, explain=explain, on_compiles=importer.start if early else None,

@@ -7,13 +7,13 @@ decide, they decide here and in the realize alike:
     3. fetch      each locked wheel (``wheels.unpacked.plan_wheels``): reuse, unpack, or fetch with its size
                   (``locate``: the lock's, else the index's, else the server's Content-Length; offline, the
                   lock's)
-    4. toolchain  its tree (``build.toolchain.plan_toolchain``): in the store, or assembled
-    5. sources    each variant's source tree (``build.sources.plan_sources``): in the store, prepared (a copy
+    4. toolchain  its tree (``extensions.toolchain.plan_toolchain``): in the store, or assembled
+    5. sources    each variant's source tree (``extensions.sources.plan_sources``): in the store, prepared (a copy
                   made and patched outside the root, so that its files can be hashed: ``preview_source``), or
                   its archive fetched first
-    6. build      each object (``build.extension.plan_module``: the proof ``find`` makes) and link
+    6. build      each object (``extensions.extension.plan_module``: the proof ``find`` makes) and link
                   (``plan_link``); a compile that shares its key with one planned before it as the build graph
-                  predicts it (``build.variants.plan_modules``)
+                  predicts it (``extensions.variants.plan_modules``)
 
 What it cannot know, it says (``notes``): without the toolchain's tree in the store every object is compiled
 (the tree is part of every key); the remote cache is not asked (a realize with one may fetch objects this plan
@@ -40,8 +40,8 @@ from hermetic.store.trees import merge_files
 from hermetic.wheels.unpacked import Accepts, WheelStep, locate, plan_fetcher, plan_wheels, wheel_label
 
 if TYPE_CHECKING:
-    from hermetic.build.toolchain import ToolchainStep
-    from hermetic.build.variants import ModuleStep
+    from hermetic.extensions.toolchain import ToolchainStep
+    from hermetic.extensions.variants import ModuleStep
 
 PLAN_VERSION = 2   # 2: the counts say "objects" (1: "objects_objects"), source archives' bytes not in them
 
@@ -157,12 +157,12 @@ def _plan_build(root: Root, store: Store, recipe: Recipe, variants: list[Variant
                 reporter: Reporter, fetcher: Any, notes: list[str]
                 ) -> tuple[ToolchainStep, list[SourcePlan], list[ModuleStep]]:
     """Steps 4-6 of a recipe that builds."""
-    from hermetic.build.context import BuildContext
-    from hermetic.build.host import qualify as qualify_host
-    from hermetic.build.objects import InputHasher
-    from hermetic.build.sources import archive_wheel, plan_sources, preview_source
-    from hermetic.build.toolchain import PreparedToolchain, plan_toolchain
-    from hermetic.build.variants import plan_modules
+    from hermetic.extensions.context import BuildContext
+    from hermetic.extensions.host import qualify as qualify_host
+    from hermetic.extensions.objects import InputHasher
+    from hermetic.extensions.sources import archive_wheel, plan_sources, preview_source
+    from hermetic.extensions.toolchain import PreparedToolchain, plan_toolchain
+    from hermetic.extensions.variants import plan_modules
     tc_wheels = [w for w in wheels if w.part == "toolchain"]
     files = merge_files((w.found.entry, w.found.files) for w in tc_wheels if w.found is not None) \
         if tc_wheels and all(w.found is not None for w in tc_wheels) else None

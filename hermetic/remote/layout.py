@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 from hermetic import fs
-from hermetic.build.objects import Chosen, ObjectCache, object_bytes
-from hermetic.build.plan import Compile
+from hermetic.extensions.objects import Chosen, ObjectCache, object_bytes
+from hermetic.extensions.plan import Compile
 from hermetic.remote.actionresult import SHA256_RE, OutputFile
 from hermetic.remote.storage import Storage
 from hermetic.store import STORE_FORMAT, Store, blob_ref, provenance
@@ -287,7 +287,7 @@ class Sharing:
         if (self.fetch_blob([so.digest], so.size, listed=True) is None
                 or self.fetch_blob([cert.digest], cert.size, listed=True) is None):
             return None
-        from hermetic.build.certificate import read_certificate
+        from hermetic.extensions.certificate import read_certificate
         try:
             produced = read_certificate(self.store, cert.digest).get("module_sha256")
         except (ValueError, OSError, AttributeError) as e:  # zstandard.ZstdError is a ValueError

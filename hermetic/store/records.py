@@ -44,7 +44,7 @@ class Producer(TypedDict):
 
 
 class CompileCost(TypedDict):
-    """What one compile took (``build/costwrap.py``): the next build starts the longest first and keeps the
+    """What one compile took (``extensions/costwrap.py``): the next build starts the longest first and keeps the
     largest within the memory it has."""
     seconds: float         # wall time
     cpu_seconds: float     # user + system, the compiler and every process it waited for

@@ -9,8 +9,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from hermetic.build.certificate import read_certificate
-from hermetic.build.plan import map_flags
+from hermetic.extensions.certificate import read_certificate
+from hermetic.extensions.plan import map_flags
 from hermetic.keys import PrefixMap
 from hermetic.root import Root
 from hermetic.store import Store

@@ -7,7 +7,7 @@ link aims at) with the real CLI. It passes when the exit code is 0 or 2 (1 only 
 space"), there is no traceback or internal error, a refusal has an ``error:`` line and publishes nothing, an
 accepted archive verifies clean, and the sentinel folder and the work folder around the root are exactly as
 they were. A patch trial applies one mutated patch to a real source folder with the real GNU patch into a real
-store (``build.sources.realize_source``, in this process: an error is exit 2 when it is a BadInput, any other
+store (``extensions.sources.realize_source``, in this process: an error is exit 2 when it is a BadInput, any other
 exception a failure); it passes when the result is a tree of regular files or a BadInput, nothing of a refused
 source is published, and the sentinel is unchanged.
 
@@ -577,8 +577,8 @@ PATCH_MUTATIONS: dict[str, PatchMutation] = {
 
 def patch_trial(n: int, base: str, rng: random.Random, work: Path) -> Trial:
     """One mutated patch applied to the source by the real GNU patch into the store of ``work/patch-root``."""
-    from hermetic.build.sources import realize_source
     from hermetic.errors import BadInput, HermeticError
+    from hermetic.extensions.sources import realize_source
     from hermetic.recipe import Source
     from hermetic.reporter import Reporter
     from hermetic.root import Root

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic.audit import OutsideRootAudit
-from hermetic.build.rebuild import normalized
+from hermetic.extensions.rebuild import normalized
 from hermetic.store import Store
 from tests.support import cli
 from tests.support.cli import REPO, Result, hermetic_env

@@ -1,6 +1,6 @@
 """Run one compile and write what it took: ``python -S costwrap.py COST_FILE COMMAND...``.
 
-The build graph (build/graph.py) puts every compile of its ninja file under this wrapper. It writes the
+The build graph (extensions/graph.py) puts every compile of its ninja file under this wrapper. It writes the
 time it starts to COST_FILE.start (the graph says which compiles run, and for how long), starts the
 command, waits for it with wait4 (its wall time; its user and system time and those of every process it
 waited for; the largest resident set among them), writes those and its exit status as JSON to COST_FILE (a

@@ -1,4 +1,4 @@
-"""build: hermetic extension builds with certified object reuse.
+"""extensions: hermetic extension builds with certified object reuse.
 
 ``variants.build_recipe`` builds every variant of a recipe: the toolchain (``toolchain``), the host
 interpreter (``host``), the sources and patches (``sources``), then each extension (``extension``): torch's

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.build.plan import Compile
 from hermetic.errors import BadRecord, WorkFailed
+from hermetic.extensions.plan import Compile
 from hermetic.keys import (
     TEMPORAL,
     PrefixMap,

@@ -4,13 +4,13 @@ changes, so that variants compile side by side:
 
     group     compiles of different modules that share a lookup key (another variant's copy of one unit): the
               first to compile is the *leader*, the others its *followers*
-    predict   will a follower's waiver hold once the leader's object exists? (build.predict) Yes: it waits for
+    predict   will a follower's waiver hold once the leader's object exists? (extensions.predict) Yes: it waits for
               the leader. No: it compiles at once, beside everything else
     phase 1   one ninja file holding every compile that must run, the longest first (what it took last time in
               any variant, from the object records; else the cold heuristic), ``ninja -k 0`` under the
               recipe's jobs, CPU and address-space limits, and a pool that keeps compiles whose recorded peak
               memory would not fit side by side from running together. Each compile is recorded the moment it
-              finishes (build/costwrap.py says what it took), and its waiting followers are decided then:
+              finishes (extensions/costwrap.py says what it took), and its waiting followers are decided then:
               placed as ``reused-variant``, or, where the leader's real dependency list defeats the waiver,
               moved to
     phase 2   the followers whose prediction failed, compiled
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.build.extension import cold_weight
-from hermetic.build.job import ModuleJob
-from hermetic.build.objects import Decision, producer_record
-from hermetic.build.plan import Compile
-from hermetic.build.predict import IncludeScanner, Prediction, predict
 from hermetic.errors import WorkFailed
+from hermetic.extensions.extension import cold_weight
+from hermetic.extensions.job import ModuleJob
+from hermetic.extensions.objects import Decision, producer_record
+from hermetic.extensions.plan import Compile
+from hermetic.extensions.predict import IncludeScanner, Prediction, predict
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Recipe
 from hermetic.reporter import ProgressTask, Reporter, plural
@@ -144,7 +144,7 @@ def _priority(u: Unit) -> tuple[int, float, int, int]:
 
 def group_and_predict(root: Root, units: list[Unit]) -> None:
     """Group the units by lookup key (the first of each key leads) and predict, for each follower, whether it
-    waits for its leader's object (build.predict); a follower that does not wait is said why."""
+    waits for its leader's object (extensions.predict); a follower that does not wait is said why."""
     leaders: dict[str, Unit] = {}
     scanner = IncludeScanner(root)
     try:
@@ -227,7 +227,7 @@ class Graph:
                                           "available_bytes": available} if depth else None
         self.reporter.event("phase", phase="compiling", graph_phase=phase, compiles=len(units),
                             waiting=sum(len(u.followers) for u in units))
-        # no closing line: the schedule's line says what the compiles took, once (build/variants.py)
+        # no closing line: the schedule's line says what the compiles took, once (extensions/variants.py)
         task = self.reporter.task(f"compiling {self.recipe.name}" + (" (second phase)" if phase == 2 else ""),
                                   len(units), "objects", closing_line=False)
         status = re.compile(r"^\[\d+/\d+\] compiled (\d+)$")
@@ -350,7 +350,7 @@ class Graph:
 
 class _Running:
     """Says on the compile's progress row which unit has been compiling longest, and since when (each compile
-    writes its start beside its object: build/costwrap.py), once a second on a thread of its own."""
+    writes its start beside its object: extensions/costwrap.py), once a second on a thread of its own."""
 
     def __init__(self, units: list[Unit], finished: set[int], task: ProgressTask) -> None:
         self.units, self.finished, self.task = units, finished, task

@@ -12,10 +12,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hermetic.build.host import HostFacts
-from hermetic.build.objects import InputHasher
-from hermetic.build.plan import CudaTarget, ModuleSite, prefix_map
-from hermetic.build.toolchain import PreparedToolchain, ToolchainInfo
+from hermetic.extensions.host import HostFacts
+from hermetic.extensions.objects import InputHasher
+from hermetic.extensions.plan import CudaTarget, ModuleSite, prefix_map
+from hermetic.extensions.toolchain import PreparedToolchain, ToolchainInfo
 from hermetic.keys import KEY_ENV
 from hermetic.recipe import Extension, Recipe, Variant
 from hermetic.reporter import Reporter
@@ -23,7 +23,7 @@ from hermetic.root import Root
 from hermetic.store import Store
 
 if TYPE_CHECKING:
-    from hermetic.build.share import ObjectShare
+    from hermetic.extensions.share import ObjectShare
 
 # Passed through to compilers (and part of every object key); everything else of the caller's environment
 # that could steer a compiler is dropped: no system CUDA, no CC/CXX, no LD_LIBRARY_PATH.
@@ -49,7 +49,7 @@ class BuildContext:
     host: HostFacts
     toolchain: PreparedToolchain
     reporter: Reporter
-    share: ObjectShare | None       # build.share's Protocol: the build never imports the remote
+    share: ObjectShare | None       # extensions.share's Protocol: the build never imports the remote
     hasher: InputHasher             # one per realize: every module's object cache shares its table
 
     @cached_property

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hermetic import fs
-from hermetic.build.host import HostFacts
 from hermetic.errors import BadInput, PreconditionFailed
+from hermetic.extensions.host import HostFacts
 from hermetic.recipe import Recipe, Toolchain
 from hermetic.reporter import Reporter
 from hermetic.root import Root

@@ -1,6 +1,6 @@
 """One extension module of one variant: plan torch's commands and decide each object from what the object
 store certifies (``plan_module``: a decision, nothing written), put the reused objects where the link expects
-them (``place_reused``); the build graph (build/graph.py) compiles the rest of every module together; then link
+them (``place_reused``); the build graph (extensions/graph.py) compiles the rest of every module together; then link
 (or find the module by its link key: ``plan_link``) and write the build's certificate (``finish_module``).
 """
 
@@ -15,12 +15,12 @@ from pathlib import Path
 import zstandard
 
 from hermetic import fs
-from hermetic.build.certificate import ModuleBuild, certificate, read_certificate
-from hermetic.build.context import BuildContext
-from hermetic.build.job import BuiltModule, ModuleJob
-from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache
-from hermetic.build.plan import Compile, ModuleSite, plan_extension
 from hermetic.errors import BadRecord, WorkFailed
+from hermetic.extensions.certificate import ModuleBuild, certificate, read_certificate
+from hermetic.extensions.context import BuildContext
+from hermetic.extensions.job import BuiltModule, ModuleJob
+from hermetic.extensions.objects import INPUT_CHANGED, NO_MATCH, Decision, ObjectCache
+from hermetic.extensions.plan import Compile, ModuleSite, plan_extension
 from hermetic.keys import PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Variant

@@ -10,9 +10,9 @@ from typing import TypedDict, cast
 
 import zstandard
 
-from hermetic.build.context import BuildContext
-from hermetic.build.job import ModuleJob
-from hermetic.build.objects import stored_blob
+from hermetic.extensions.context import BuildContext
+from hermetic.extensions.job import ModuleJob
+from hermetic.extensions.objects import stored_blob
 from hermetic.store import Store
 from hermetic.store.records import CompileCost, HostIdentity, InputHash, Producer, ToolchainId
 
@@ -39,7 +39,7 @@ class CertifiedObject(TypedDict):
     first_built_by: Producer | None
     inputs: list[InputHash]
     path_bound: str | None              # the flag that keeps this root's path in the object (nvcc -G), if any
-    waited_for: str | None              # the other variant's compile whose object it waited for (build/graph.py)
+    waited_for: str | None              # the other variant's compile whose object it waited for (extensions/graph.py)
     cost: CompileCost | None            # what its compile took (its record's), if it compiled
 
 

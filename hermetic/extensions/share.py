@@ -11,8 +11,8 @@ from hermetic.store.records import ObjectRecord
 from hermetic.store.substitute import Substituter
 
 if TYPE_CHECKING:
-    from hermetic.build.objects import ObjectCache
-    from hermetic.build.plan import Compile
+    from hermetic.extensions.objects import ObjectCache
+    from hermetic.extensions.plan import Compile
 
 
 class ObjectShare(Substituter, Protocol):

@@ -20,9 +20,9 @@ from pathlib import Path
 import zstandard
 
 from hermetic import fs
-from hermetic.build.certificate import read_certificate
-from hermetic.build.objects import InputHasher, object_bytes
-from hermetic.build.plan import map_flags
+from hermetic.extensions.certificate import read_certificate
+from hermetic.extensions.objects import InputHasher, object_bytes
+from hermetic.extensions.plan import map_flags
 from hermetic.keys import PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.root import Root

@@ -1,6 +1,6 @@
 """Compile and link commands, exactly as torch.utils.cpp_extension would write them.
 
-Pure functions of the host's facts (hermetic.build.host reads torch's own flag helpers), the toolchain and
+Pure functions of the host's facts (hermetic.extensions.host reads torch's own flag helpers), the toolchain and
 the extension: tests compare them with the build.ninja torch itself writes. Differences, all deliberate:
 objects are named after their path in the source tree (torch uses the basename, so two sources with one
 name collide), compilers get ``-MD`` (every header, system ones included) instead of ``-MMD``, every compiler
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from hermetic.build.host import HostFacts
+from hermetic.extensions.host import HostFacts
 from hermetic.keys import PrefixMap, unmappable
 from hermetic.recipe import Extension, Variant
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hermetic import fs
-from hermetic.build.objects import RAW, STRIPPED, ObjectCache
-from hermetic.build.plan import Compile
+from hermetic.extensions.objects import RAW, STRIPPED, ObjectCache
+from hermetic.extensions.plan import Compile
 from hermetic.keys import differing_defines, identifier_re, is_debug, split_defines
 from hermetic.root import Root
 

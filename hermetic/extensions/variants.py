@@ -1,4 +1,4 @@
-"""Steps 5-6 of realize for a recipe that builds, once its toolchain is prepared (``build.toolchain``) and its
+"""Steps 5-6 of realize for a recipe that builds, once its toolchain is prepared (``extensions.toolchain``) and its
 ``BuildContext`` made: the source trees of every chosen variant (``prepare_sources``), then every extension of
 every variant (``build_variants``), under the recipe's build lock. Each variant reads its sources through a
 folder of its own; the prefix map gives them one name, so variants (and other roots) compare and share objects.
@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from hermetic import fs
-from hermetic.build.context import BuildContext
-from hermetic.build.extension import (
+from hermetic.errors import BadInput
+from hermetic.extensions.context import BuildContext
+from hermetic.extensions.extension import (
     LinkStep,
     finish_module,
     known_digests,
@@ -23,12 +24,11 @@ from hermetic.build.extension import (
     plan_module,
     remember_build,
 )
-from hermetic.build.graph import Graph, group_and_predict, plan_units
-from hermetic.build.job import BuiltModule, ModuleJob
-from hermetic.build.objects import Decision, ObjectChoice
-from hermetic.build.plan import select_sources
-from hermetic.build.sources import SourceTree, link_variant_source, plan_sources, realize_source
-from hermetic.errors import BadInput
+from hermetic.extensions.graph import Graph, group_and_predict, plan_units
+from hermetic.extensions.job import BuiltModule, ModuleJob
+from hermetic.extensions.objects import Decision, ObjectChoice
+from hermetic.extensions.plan import select_sources
+from hermetic.extensions.sources import SourceTree, link_variant_source, plan_sources, realize_source
 from hermetic.recipe import Recipe, Variant
 from hermetic.reporter import Reporter, plural
 from hermetic.store import blob_ref, entry_ref
@@ -162,9 +162,9 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
                    explain: bool, on_compiles: Callable[[], None] | None = None,
                    confirm: Callable[[], object] | None = None) -> RecipeBuild:
     """Every extension of every variant: certified reuse, one build graph for all their compiles
-    (build/graph.py), links and certificates. ``on_compiles`` is called once, before the graph's work,
+    (extensions/graph.py), links and certificates. ``on_compiles`` is called once, before the graph's work,
     where anything is to compile; ``confirm`` before anything is recorded (the host's facts may be a guess
-    still being probed: build.host)."""
+    still being probed: extensions.host)."""
     root, store, recipe, reporter, tc = ctx.root, ctx.store, ctx.recipe, ctx.reporter, ctx.toolchain
     assert recipe.toolchain is not None
     refs = [entry_ref(tc.id["cuda"])]

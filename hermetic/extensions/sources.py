@@ -36,7 +36,7 @@ from hermetic.store.trees import check_relpath
 from hermetic.urls import file_url_path
 
 if TYPE_CHECKING:
-    from hermetic.build.share import ObjectShare
+    from hermetic.extensions.share import ObjectShare
 
 SOURCE_VERSION = 1
 MAX_SOURCE_BYTES = 4 << 30   # a decompression bomb stops here, not at a full disk

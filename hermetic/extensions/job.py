@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hermetic.build.objects import Decision, ObjectCache, ObjectChoice
-from hermetic.build.plan import BuildPlan
+from hermetic.extensions.objects import Decision, ObjectCache, ObjectChoice
+from hermetic.extensions.plan import BuildPlan
 from hermetic.keys import PrefixMap
 from hermetic.recipe import Extension, Variant
 from hermetic.store.records import CompileCost, ObjectRecord, Producer
