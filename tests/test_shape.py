@@ -135,6 +135,7 @@ def test_no_step_of_the_pipelines_takes_more_than_eight_parameters() -> None:
 # --- the dry run prints the plan the planners made --------------------------------------------------------------
 
 DRY_RUN = "hermetic/realize/dryrun.py"
+BUILD_ROOM = ("hermetic.extensions", "hermetic.build")   # its name, and its name before issue 42
 
 
 def private_or_build_imports(tree: ast.AST) -> list[tuple[int, str]]:
@@ -144,11 +145,11 @@ def private_or_build_imports(tree: ast.AST) -> list[tuple[int, str]]:
         if isinstance(node, ast.ImportFrom):
             module = node.module or ""
             for alias in node.names:
-                if alias.name.startswith("_") or module.startswith("hermetic.extensions"):
+                if alias.name.startswith("_") or module.startswith(BUILD_ROOM):
                     found.append((node.lineno, f"from {module} import {alias.name}"))
         elif isinstance(node, ast.Import):
             found += [(node.lineno, f"import {a.name}") for a in node.names
-                      if a.name.startswith("hermetic.extensions")]
+                      if a.name.startswith(BUILD_ROOM)]
     return sorted(found)
 
 
@@ -165,3 +166,70 @@ def test_the_dry_run_only_prints_a_plan() -> None:
     tree = _sources()[DRY_RUN]
     assert not private_or_build_imports(tree), private_or_build_imports(tree)
     assert any(isinstance(n, ast.ImportFrom) and n.module == "hermetic.realize.plan" for n in ast.walk(tree))
+
+
+# --- no state object: Realization and Measurement are gone, the mutable values left are small -------------------
+
+PIPELINES = ("hermetic/realize/pipeline.py", "hermetic/run/pipeline.py")
+GONE = ("Realization", "Measurement")
+MAX_STATE = 3   # Pending (the probe, the import check), Held (the device locks), Clock (the step timings)
+
+
+def _decorated(node: ast.ClassDef, frozen: bool) -> bool:
+    for d in node.decorator_list:
+        name = ast.unparse(d.func if isinstance(d, ast.Call) else d)
+        if name.endswith("dataclass") and (not frozen or isinstance(d, ast.Call) and any(
+                k.arg == "frozen" and isinstance(k.value, ast.Constant) and k.value.value is True
+                for k in d.keywords)):
+            return True
+    return False
+
+
+def state_objects(tree: ast.AST, limit: int = MAX_STATE) -> list[tuple[int, str, int]]:
+    """(line, class, attributes) of every class a pipeline changes as it goes that holds more than ``limit``
+    attributes (``self.x = ...`` anywhere in it, and ``__slots__``), and of every class named as the state objects
+    this issue removed. Typed step results (NamedTuple, frozen dataclasses) are values, not state; a plain
+    dataclass counts unless it is the command's ``...Outcome``, the value handed back to the CLI."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if node.name in GONE:
+            found.append((node.lineno, node.name, -1))
+            continue
+        if any(ast.unparse(b) == "NamedTuple" for b in node.bases) or _decorated(node, frozen=True) \
+                or node.name.endswith("Outcome") and _decorated(node, frozen=False):
+            continue
+        attrs = {t.attr for n in ast.walk(node) if isinstance(n, ast.Assign | ast.AnnAssign)
+                 for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+        attrs |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        for n in node.body:
+            if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in n.targets):
+                attrs |= {e.value for e in ast.walk(n.value)
+                          if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(attrs) > limit:
+            found.append((node.lineno, node.name, len(attrs)))
+    return sorted(found)
+
+
+def test_the_state_check_sees_each_state_object() -> None:
+    code = ("class Realization:\n    pass\n"
+            "class Big:\n    def __init__(self):\n        self.a = self.b = 1\n        self.c: int = 2\n"
+            "    def later(self):\n        self.d = 3\n"
+            "@dataclass\nclass Loose:\n    a: int\n    b: int\n    c: int\n    d: int\n"
+            "class Slotted:\n    __slots__ = ('a', 'b', 'c', 'd')\n"
+            "class Small:\n    __slots__ = ('a',)\n    def __init__(self):\n        self.a = 1\n"
+            "class Step(NamedTuple):\n    a: int\n    b: int\n    c: int\n    d: int\n"
+            "@dataclass(frozen=True)\nclass Value:\n    a: int\n    b: int\n    c: int\n    d: int\n"
+            "@dataclass\nclass RunOutcome:\n    a: int\n    b: int\n    c: int\n    d: int\n")
+    assert state_objects(ast.parse(code)) == [(1, "Realization", -1), (3, "Big", 4), (10, "Loose", 4),
+                                              (15, "Slotted", 4)]
+
+
+def test_realization_and_measurement_are_gone_and_what_the_finally_needs_is_small() -> None:
+    sources = _sources()
+    offenders = [f"{rel}:{line}: {name}" + (" (removed by issue 42)" if n < 0 else f" holds {n} attributes")
+                 for rel, tree in sources.items() for line, name, n in state_objects(tree)
+                 if rel in PIPELINES or n < 0]
+    assert not offenders, "thread typed step results through local variables instead:\n" + "\n".join(offenders)
