@@ -208,7 +208,7 @@ def link_problems(path: Path) -> list[str]:
 
 
 def docs() -> list[Path]:
-    return [README, *sorted((REPO / "docs").glob("*.md"))]
+    return [README, REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 # --- the real files -------------------------------------------------------------------------------------------
