@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -265,7 +266,7 @@ RUN_ROW = ("| `hermetic run RUNNER.toml [--device auto\\|cpu\\|gpu] [--gpu N] [-
     (lambda row: row.replace("[--record-digests]", "[--record-digests DIR]"), "--record-digests` takes no value"),
     (lambda row: row.replace("hermetic run", "hermetic measure"), "`hermetic measure` is no command"),
 ])
-def test_the_command_check_fails_on_a_doctored_readme(doctor, found) -> None:  # type: ignore[no-untyped-def]
+def test_the_command_check_fails_on_a_doctored_readme(doctor: Callable[[str], str], found: str) -> None:
     text = README.read_text()
     real = next(line for line in text.splitlines() if line.startswith("| `hermetic run "))
     assert real.split(" | ")[0] == RUN_ROW.split(" | ")[0], "RUN_ROW is the README's run row"
