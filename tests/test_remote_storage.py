@@ -21,6 +21,19 @@ from hermetic.remote.storage import FAILURES_BEFORE_GIVING_UP, Storage
 from hermetic.reporter import Reporter
 
 
+class Tracked:
+    """A body that says whether it was closed (a real one holds a connection and its watchdog until then)."""
+
+    def __init__(self, pieces: Iterator[bytes]) -> None:
+        self.pieces, self.closed = pieces, False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.pieces
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class Memory:
     """A backend in memory: ``entries[(area, key)]``; ``fail`` raises the exception it holds at the next calls,
     ``refuse_put`` answers every PUT with that status, ``serve`` answers a GET with other bytes."""
@@ -32,6 +45,7 @@ class Memory:
         self.refuse_put: int | None = None
         self.serve: dict[str, bytes] = {}
         self.declared: int | None = None
+        self.bodies: list[Tracked] = []
 
     def get(self, area: Area, key: str, limit: int) -> Iterator[bytes] | None:
         self.calls.append(("GET", area, key))
@@ -43,12 +57,14 @@ class Memory:
         if self.declared is not None and self.declared > limit:
             raise TooLarge(limit, self.declared)
 
-        def body() -> Iterator[bytes]:
+        def pieces() -> Iterator[bytes]:
             for i in range(0, len(data), 3):
                 if i + 3 > limit:
                     raise TooLarge(limit)
                 yield data[i:i + 3]
-        return body()
+        body = Tracked(pieces())
+        self.bodies.append(body)
+        return body
 
     def put(self, area: Area, key: str, body: bytes | Path) -> None:
         self.calls.append(("PUT", area, key))
@@ -169,7 +185,7 @@ def test_a_stalled_body_is_a_transport_failure_with_no_file_left(tmp_path: Path)
         assert body is not None
 
         def cut() -> Iterator[bytes]:
-            yield next(body)
+            yield next(iter(body))
             raise Unreachable("timed out")
         return cut()
 
@@ -210,3 +226,16 @@ def test_the_counts_add_up_across_threads() -> None:
     for t in threads:
         t.join()
     assert (s.stats.uploads, s.stats.hits, s.stats.misses, s.stats.bytes_up) == (400, 400, 400, 3200)
+
+
+def test_every_body_is_closed_read_whole_or_not(tmp_path: Path) -> None:
+    s, b, _out = storage()
+    good, wrong, big = b"good bytes", sha(b"right"), b"z" * 40
+    b.entries.update({("cas", sha(good)): good, ("cas", wrong): b"wrong", ("cas", sha(big)): big})
+    assert s.get_cas_bytes(sha(good), 100) == good and s.get_cas_file(sha(good), tmp_path) is not None
+    assert s.get_cas_bytes(wrong, 100) is None and s.get_cas_file(wrong, tmp_path) is None
+    assert s.get_cas_bytes(sha(big), 10) is None and s.get_cas_file(sha(big), tmp_path, max_size=10) is None
+    (tmp_path / "a-file").write_bytes(b"")
+    with pytest.raises(OSError):   # nowhere to write it: an error of this machine, not of the server
+        s.get_cas_file(sha(good), tmp_path / "a-file" / "below")
+    assert len(b.bodies) == 7 and all(body.closed for body in b.bodies)

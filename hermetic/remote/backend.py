@@ -39,10 +39,18 @@ class TooLarge(Exception):
         self.limit, self.declared = limit, declared
 
 
+class Body(Protocol):
+    """An entry's bytes in pieces as they arrive (a generator is one). ``close`` ends the transfer, read to its
+    end or not: the caller closes every body it was given."""
+
+    def __iter__(self) -> Iterator[bytes]: ...
+
+    def close(self) -> None: ...
+
+
 class Backend(Protocol):
-    def get(self, area: Area, key: str, limit: int) -> Iterator[bytes] | None:
-        """The entry's bytes in pieces as they arrive, never past ``limit`` (TooLarge); None: the server has
-        none. Closing the iterator ends the request."""
+    def get(self, area: Area, key: str, limit: int) -> Body | None:
+        """The entry's bytes, never past ``limit`` (TooLarge); None: the server has none."""
 
     def put(self, area: Area, key: str, body: bytes | Path) -> None:
         """Store the entry (a file is read as it is sent), its length declared."""

@@ -49,7 +49,7 @@ class BazelHttpCache:
     def close(self) -> None:
         self.session.close()
 
-    def get(self, area: Area, key: str, limit: int) -> Iterator[bytes] | None:
+    def get(self, area: Area, key: str, limit: int) -> _Body | None:
         resp = self._request("GET", area, key, stream=True)
         if resp is None:
             return None
@@ -57,18 +57,17 @@ class BazelHttpCache:
         if length.isdigit() and int(length) > limit:  # refused before a byte is read
             resp.close()
             raise TooLarge(limit, int(length))
-        return self._body(resp, f"{area}/{key[:16]}…", limit)
+        return _Body(resp, self._pieces(resp, f"{area}/{key[:16]}…", limit))
 
-    def _body(self, resp: requests.Response, what: str, limit: int) -> Iterator[bytes]:
+    def _pieces(self, resp: requests.Response, what: str, limit: int) -> Iterator[bytes]:
         from hermetic.fetch.session import TooLarge as BodyTooLarge
         from hermetic.fetch.session import read_body
-        with resp:
-            try:
-                yield from read_body(resp, what, self.limits, cap=limit, decode=True)
-            except BodyTooLarge:
-                raise TooLarge(limit) from None
-            except Exception as e:
-                raise _transport(e) or e from None
+        try:
+            yield from read_body(resp, what, self.limits, cap=limit, decode=True)
+        except BodyTooLarge:
+            raise TooLarge(limit) from None
+        except Exception as e:
+            raise _transport(e) or e from None
 
     def put(self, area: Area, key: str, body: bytes | Path) -> None:
         # Content-Length always: bazel-remote refuses uploads without it, Bazel never sends chunked ones
@@ -102,6 +101,25 @@ class BazelHttpCache:
         if not kwargs.get("stream"):
             resp.close()
         return resp
+
+
+class _Body:
+    """A response's body as ``backend.Body``: its pieces under the transfer's deadline; closing it closes the
+    response, whether or not a piece was read."""
+
+    def __init__(self, resp: requests.Response, pieces: Iterator[bytes]) -> None:
+        self.resp, self.pieces = resp, pieces
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.pieces
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.pieces, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.resp.close()
 
 
 def _transport(e: Exception) -> Unreachable | None:

@@ -129,13 +129,19 @@ class Storage:
         if body is None:
             self._miss("cas", digest, listed)
             return None
-        path = fs.new_temp_file(directory, ".remote-", ".part")
+        try:
+            path = fs.new_temp_file(directory, ".remote-", ".part")
+        except BaseException:
+            body.close()   # nowhere to write it: the transfer ends unread
+            raise
         try:
             try:
                 sha256, got = fs.write_hashed(body, path, fresh=False)
             except TooLarge:
                 raise _BadBody(f"more than {limit} bytes" + ("" if size is not None else " (HERMETIC_DOWNLOAD_CAP)")) \
                     from None
+            finally:
+                body.close()   # ends the transfer, read whole or not
             if size is not None and got != size:
                 raise _BadBody(f"{got} bytes, expected {size}")
             if sha256 != digest:
@@ -211,8 +217,11 @@ class Storage:
             if body is None:
                 self._miss(area, key, listed)
                 return None
-            for chunk in body:
-                data += chunk
+            try:
+                for chunk in body:
+                    data += chunk
+            finally:
+                body.close()   # ends the transfer, read whole or not
         except TooLarge:
             self.failed(f"{area}/{key}"[:20] + f"… from the remote cache is larger than {max_size} bytes; "
                         "ignoring it")
