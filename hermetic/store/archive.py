@@ -190,8 +190,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
     keys = provenance.trusted_keys() if trusted is None else trusted
     root.ensure()
     store = Store(root.store).open()
-    staging = store.tmp / f"import-{os.getpid()}-{time.time_ns()}"
-    staging.mkdir(parents=True)
+    staging = store.work_dir("import-")   # locked while this process lives: gc spares it
     try:
         with open(archive, "rb") as raw:
             dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)

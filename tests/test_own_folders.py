@@ -1,0 +1,158 @@
+"""The root's and the store's own folders are real folders, never followed links (the outside attack on issue
+35, findings 1, 2, 8 and 12): a link, a file or a FIFO where one of them belongs is never written, made or
+deleted through. gc and realize refuse (exit 2, naming it, hint `verify --repair`); verify reports it; repair
+replaces it with an empty real folder (what a link points at is left as it is) and realizes again; show says
+it. Every decoy is a folder of the test's own tmp_path, outside the root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hermetic.store import Store
+from tests.support.cli import Hermetic, Result
+from tests.support.index import LoopbackIndex
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
+
+LIMIT_S = 120
+
+
+def _run(h: Hermetic, *args: str | Path) -> Result:
+    try:
+        res = h(*args, "--json", timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:  # pragma: no cover - the failure this guards against
+        pytest.fail(f"hermetic {' '.join(map(str, args))} hung (over {LIMIT_S} s)")
+    assert "Traceback" not in res.err and "internal error" not in res.err, res.err[-3000:]
+    return res
+
+
+@pytest.fixture
+def realized(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> tuple[Hermetic, Path]:
+    """A root with a lock-only recipe realized: (hermetic, the recipe)."""
+    wheel = make_pkg(tmp_path / "whl", "own", "1.0")
+    index.add(wheel.path)
+    recipe = write_recipe(tmp_path / "r", "own", pip_lock_line(wheel))
+    assert _run(hermetic, "realize", recipe).rc == 0
+    return hermetic, recipe
+
+
+def _decoy(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A folder of the user's outside the root, and what it holds."""
+    decoy = tmp_path / "outside" / "decoy"
+    (decoy / "photos").mkdir(parents=True)
+    files = {"photos/cat.jpg": "precious\n", "notes.txt": "notes\n"}
+    for rel, text in files.items():
+        (decoy / rel).write_text(text)
+    return decoy, files
+
+
+def _unchanged(decoy: Path, files: dict[str, str]) -> None:
+    found = {str(p.relative_to(decoy)) for p in decoy.rglob("*") if not p.is_dir()}
+    assert found == set(files), f"the folder outside the root changed: {sorted(found)}"
+    for rel, text in files.items():
+        assert (decoy / rel).read_text() == text
+
+
+def _replace_with_link(path: Path, target: Path) -> None:
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+    os.symlink(target, path)
+
+
+def _healed(h: Hermetic, recipe: Path, place: Path) -> None:
+    """repair makes the folder again (exit 0), verify is clean after, the recipe realizes and gc runs."""
+    fixed = _run(h, "verify", "--repair")
+    assert fixed.rc == 0, fixed.err[-3000:]
+    assert place.is_dir() and not place.is_symlink()
+    assert _run(h, "verify").rc == 0
+    assert _run(h, "realize", recipe).rc == 0
+    assert _run(h, "gc").rc == 0
+
+
+@pytest.mark.parametrize("where", ["store/trash", "store/tmp", "state", "state/realize-v1", "store/temproots",
+                                   "roots", "store/index"])
+def test_a_link_where_an_own_folder_belongs_is_never_deleted_through(
+        where: str, tmp_path: Path, realized: tuple[Hermetic, Path]) -> None:
+    """Before: gc emptied the folder outside the root that store/trash, store/tmp or state linked to (verify
+    said "all valid" just before); realize wrote its caches into a linked state/."""
+    h, recipe = realized
+    decoy, files = _decoy(tmp_path)
+    place = h.root / where
+    if where == "store/index":
+        place.mkdir(exist_ok=True)
+    _replace_with_link(place, decoy)
+    gc = _run(h, "gc")
+    dropped = _run(h, "gc", "--drop-root", "own")
+    again = _run(h, "realize", recipe, "--explain")
+    _unchanged(decoy, files)
+    assert gc.rc == 2 and gc.err.startswith(f"error: {place}: ") and "verify --repair" in gc.err, gc.err
+    assert dropped.rc == 2
+    assert again.rc == 2 and str(place) in again.err and "verify --repair" in again.err, again.err
+    found = _run(h, "verify")
+    assert found.rc == 1 and any(p["kind"] == "folder" and p["name"] == str(place) and "symbolic link" in p["what"]
+                                 for p in found.result["problems"]), found.result["problems"]
+    shown = _run(h, "show")
+    assert shown.rc == 0 and str(place) in shown.result["bad_folders"] and str(place) in shown.err
+    _healed(h, recipe, place)
+    _unchanged(decoy, files)
+    assert place.is_dir() and not place.is_symlink()
+
+
+def test_a_blob_folder_linked_out_of_the_root_is_never_written_through(
+        tmp_path: Path, realized: tuple[Hermetic, Path]) -> None:
+    """Before: a cold realize wrote the store's blobs into the folder outside that store/blobs/XY linked to, and
+    verify and repair said "all valid" (a warning: "hermetic owns nothing of that name")."""
+    h, recipe = realized
+    store = Store(h.root / "store")
+    assert _run(h, "gc", "--drop-root", "own").rc == 0 and _run(h, "gc").rc == 0
+    assert not list(store.iter_blobs())
+    decoy = tmp_path / "outside" / "empty-decoy"
+    decoy.mkdir(parents=True)
+    wheel_sha = (recipe.parent / "own.lock.txt").read_text().split("sha256:")[1].strip()
+    shard = store.blobs / wheel_sha[:2]
+    _replace_with_link(shard, decoy)
+    res = _run(h, "realize", recipe)
+    assert res.rc == 2 and res.err.startswith(f"error: {shard}: ") and "verify --repair" in res.err, res.err
+    assert not list(decoy.iterdir()), "a blob was written outside the root"
+    found = _run(h, "verify")
+    assert found.rc == 1 and [p["name"] for p in found.result["problems"]] == [str(shard)]
+    assert str(shard) not in found.result["strays"]
+    _healed(h, recipe, shard)
+    assert not list(decoy.iterdir())
+
+
+def _fifo(path: Path) -> None:
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+    os.mkfifo(path)
+
+
+def _file(path: Path) -> None:
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+    path.write_text("in the way\n")
+
+
+@pytest.mark.parametrize("where,make", [
+    ("store/blobs/SHARD", _file), ("state/hashes-v1", _file), ("store/temproots", _file), ("roots", _file),
+    ("store/blobs", _fifo), ("store/tmp", _fifo)],
+    ids=["shard-file", "state-bucket-file", "temproots-file", "roots-file", "blobs-fifo", "tmp-fifo"])
+def test_a_file_or_fifo_where_an_own_folder_belongs_is_healed_by_repair(
+        where: str, make: Callable[[Path], None], realized: tuple[Hermetic, Path]) -> None:
+    """Before: verify exit 0 (or 1 for the blobs it then missed, with the false "owns nothing of that name"),
+    repair exit 0 or 2 changing nothing, and realize exit 2 for ever ("is in the way: move it away")."""
+    h, recipe = realized
+    store = Store(h.root / "store")
+    if "SHARD" in where:
+        where = where.replace("SHARD", next(store.iter_blobs())[2].parent.name)
+    place = h.root / where
+    make(place)
+    found = _run(h, "verify")
+    assert found.rc == 1 and any(p["kind"] == "folder" and p["name"] == str(place)
+                                 for p in found.result["problems"]), found.result["problems"]
+    assert str(place) not in found.result["strays"]
+    assert _run(h, "show").rc == 0
+    assert _run(h, "gc").rc == 2
+    _healed(h, recipe, place)
+    assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"
