@@ -218,3 +218,45 @@ def test_a_pyc_cut_short_in_the_childrens_bytecode_cache_is_reported_and_cleared
                                  for p in found.result["problems"]), found.result["problems"]
     _healed(h, recipe)
     assert not pyc.exists()
+
+
+def _same_size_elsewhere(blob: Path) -> None:
+    decoy = blob.parents[3] / "same-size"
+    decoy.write_bytes(b"x" * blob.stat().st_size)
+    blob.unlink()
+    os.symlink(decoy, blob)
+
+
+def _short_elsewhere(blob: Path) -> None:
+    decoy = blob.parents[3] / "short"
+    decoy.write_bytes(b"not the blob")
+    blob.unlink()
+    os.symlink(decoy, blob)
+
+
+def _flipped(blob: Path) -> None:
+    data = bytearray(blob.read_bytes())
+    data[0] ^= 1
+    os.chmod(blob, 0o644)
+    blob.write_bytes(bytes(data))   # the same inode: the tree's file changes with it
+    os.chmod(blob, 0o444)
+
+
+@pytest.mark.parametrize("make", [_fifo, _short_elsewhere, _same_size_elsewhere, _flipped],
+                         ids=["fifo", "link-to-a-short-file", "link-to-a-same-size-file", "flipped-byte"])
+def test_export_reads_blobs_as_the_stores_own_files(make: Callable[[Path], None], tmp_path: Path,
+                                                    realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 4): export hung for ever on a FIFO blob, printed a Python
+    traceback for a link to a shorter file, and wrote an archive (exit 0) holding a decoy's bytes for a link to a
+    file of the same size. Now each is exit 1 naming the blob and `verify --repair`; no archive is written."""
+    h, recipe, blob = realized
+    if make is _fifo:
+        blob.unlink()
+    make(blob)
+    archive = tmp_path / "out" / "closure.tar.zst"
+    res = _run(h, "export", "--level", "1", archive)
+    assert res.rc == 1 and res.err.startswith(f"error: {blob}: blob {blob.name} "), res.err
+    assert "verify --repair" in res.err
+    assert not archive.exists() and not list(archive.parent.glob("*.tmp"))
+    _healed(h, recipe)
+    assert _run(h, "export", "--level", "1", archive).rc == 0
