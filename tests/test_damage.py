@@ -260,3 +260,34 @@ def test_export_reads_blobs_as_the_stores_own_files(make: Callable[[Path], None]
     assert not archive.exists() and not list(archive.parent.glob("*.tmp"))
     _healed(h, recipe)
     assert _run(h, "export", "--level", "1", archive).rc == 0
+
+
+@pytest.mark.parametrize("folder,record", [
+    ("roots", {"format": 1, "name": "esc", "recipe": "/nowhere/esc.toml", "profile": "esc",
+               "refs": ["entry:../../../outside/victim"]}),
+    ("receipts", {"format": 1, "kind": "run", "refs": ["blob:../../../outside/victim/meta.json"]}),
+    ("roots", {"format": 1, "name": "esc", "recipe": "/nowhere/esc.toml", "profile": "esc",
+               "refs": ["wheel:1234"]})],
+    ids=["root-entry-dotdot", "receipt-blob-dotdot", "root-unknown-kind"])
+def test_a_gc_root_whose_refs_are_no_store_names_is_a_bad_record(
+        folder: str, record: dict[str, object], tmp_path: Path, realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 11): a gc root naming `entry:../../../../outside/victim` passed
+    verify (all valid, --repair too), while gc read `meta.json` outside the root, called it a corrupt store entry
+    and from then on deleted no blob; export's hint sent the user to a repair that found nothing. A reference is
+    `entry:<entry name>` or `blob:<blob name>`, nothing else: anything else is a bad record."""
+    h, recipe, _blob = realized
+    victim = tmp_path / "outside" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "meta.json").write_text('{"kind": "tree"}\n')
+    bad = h.root / folder / ("esc.json" if folder == "roots" else "run-20260101T000000-esc.json")
+    bad.write_text(json.dumps(record))
+    found = _run(h, "verify")
+    assert found.rc == 1 and any(p["name"] == str(bad) and "refs" in p["what"] for p in found.result["problems"]), \
+        found.result["problems"]
+    gc = _run(h, "gc")
+    assert gc.rc == 2 and str(bad) in gc.err and "verify --repair" in gc.err, gc.err
+    assert _run(h, "export", "--level", "1", tmp_path / "x.tar.zst").rc == 2
+    assert _run(h, "show").rc == 0
+    _healed(h, recipe)
+    assert not bad.exists() and _run(h, "gc").rc == 0
+    assert (victim / "meta.json").read_text() == '{"kind": "tree"}\n'

@@ -59,13 +59,14 @@ def blob_ref(blob: str) -> str:
 
 
 def split_refs(refs: list[str] | set[str]) -> tuple[list[str], list[str]]:
-    """(entry names, blob names) of a list of references; anything else is ignored (a newer kind)."""
+    """(entry names, blob names) of a list of references; anything else is ignored (a newer kind, or a name no
+    entry or blob has, which could only be a path: never followed)."""
     entries, blobs = [], []
     for ref in refs:
         kind, _, name = ref.partition(":")
-        if name and kind == "entry":
+        if kind == "entry" and is_entry_name(name):
             entries.append(name)
-        elif name and kind == "blob":
+        elif kind == "blob" and is_blob_name(name):
             blobs.append(name)
     return entries, blobs
 
