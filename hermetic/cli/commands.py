@@ -94,7 +94,7 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     reporter.result("gc", True, 0, dry_run=args.dry_run, dead_entries=p.dead_entries,
                     dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries),
                     damaged=sorted(p.damaged), kept_unprovable=p.kept_unprovable,
-                    blobs_unprovable=p.blobs_unprovable)
+                    blobs_unprovable=p.blobs_unprovable, dropped=p.dropped)
     return 0
 
 

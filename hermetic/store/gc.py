@@ -17,7 +17,7 @@ from hermetic.errors import BadRecord, PreconditionFailed
 from hermetic.root import CACHES, Root, refuse_folders
 from hermetic.store import Store, blob_name, layout_problems, list_names, live_temproots, split_refs
 from hermetic.store.records import files_of
-from hermetic.store.roots import drop_root, root_refs
+from hermetic.store.roots import drop_root, recipe_names, root_refs
 
 
 @dataclass
@@ -29,6 +29,7 @@ class GcPlan:
     garbage: list[Path] = field(default_factory=list)  # tmp/ and trash/ leftovers of dead processes
     damaged: dict[str, str] = field(default_factory=dict)  # reachable entries whose record cannot be read
     kept_unprovable: list[str] = field(default_factory=list)  # unreached entries a damaged record may name
+    dropped: list[str] = field(default_factory=list)   # the roots and profiles --drop-root forgot (or would)
 
     @property
     def blobs_unprovable(self) -> bool:
@@ -161,7 +162,9 @@ def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 60
     refuse_folders(layout_problems(root, store, readable=True))
     store.open()
     with store.gc_lock(exclusive=True, timeout=timeout):
+        dropped = recipe_names(root, dropped) if dropped else dropped   # its toolchain and variants too
         p = plan(root, store, dropped)
+        p.dropped = sorted(dropped)
         if dry_run:
             return p, sum(_size(store.entry_path(e)) for e in p.dead_entries) + \
                 sum(os.lstat(b).st_size for b in p.dead_blobs)
