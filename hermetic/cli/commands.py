@@ -238,10 +238,14 @@ def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.realize.env import realized_env
-    env, facts = realized_env(root, args.recipe)
+    from hermetic.store import inherit_pins
     cmd = list(args.cmd)
+    env, facts = realized_env(root, args.recipe, pinned=bool(cmd))
     if cmd:
         sys.stdout.flush()
+        # the command runs in this process: its temp root's lock goes with it, so gc spares the trees it
+        # uses until it exits (docs/layout.md, "Who holds what")
+        inherit_pins()
         try:
             os.execvpe(cmd[0], cmd, env)
         except OSError as e:

@@ -741,6 +741,14 @@ def release_temproots() -> None:
         os.close(_WORK_LOCKS.pop())
 
 
+def inherit_pins() -> None:
+    """Let the program this process execs (``hermetic env RECIPE -- CMD``) inherit its temp roots' locks: what
+    it pinned stays alive until that program, and every child it hands the descriptor to, has exited."""
+    for tr in _OPEN_TEMPROOTS.values():
+        assert tr.lock.fd is not None
+        os.set_inheritable(tr.lock.fd, True)
+
+
 def _read_regular_text(path: Path) -> str:
     """A temp-roots file's text: opened only as a regular file (never a FIFO, never through a link)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

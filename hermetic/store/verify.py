@@ -41,7 +41,6 @@ from hermetic.store import (
     entry_ref,
     hash_regular,
     is_blob_name,
-    is_entry_name,
     layout_problems,
     list_names,
     live_temproots,
@@ -50,6 +49,7 @@ from hermetic.store import (
 )
 from hermetic.store.records import RECORD_LIMIT, entry_problem, read_checked
 from hermetic.store.roots import read_receipt, read_root, root_files
+from hermetic.store.trees import profile_entry
 
 Identity = tuple[int, int]   # (st_dev, st_ino): the same file, whatever happened to its links and mode
 
@@ -290,22 +290,12 @@ def _check_profiles(store: Store, root: Root) -> list[Problem]:
 
 
 def _profile_problem(store: Store, link: Path) -> str | None:
-    st = lstat_or_none(link)
-    if st is None:
-        return None  # dropped meanwhile (gc --drop-root)
-    if not stat.S_ISLNK(st.st_mode):
-        return f"is {describe(st.st_mode)}, not a link to an entry"
-    try:
-        target = Path(os.readlink(link))
-    except OSError:
-        return None
-    entry = target.parent.name
-    if target.name != "out" or not is_entry_name(entry) or \
-            os.path.normpath(link.parent / target.parent.parent) != os.path.normpath(store.entries):
-        return f"points at {target}, which is no entry of this store"
-    if not store.has_entry(entry):
+    entry, why = profile_entry(store, link)
+    if why is not None:
+        return why
+    if entry is not None and not store.has_entry(entry):
         return "points at a missing entry"
-    return None
+    return None   # sound, or dropped meanwhile (gc --drop-root)
 
 
 def _check_caches(root: Root) -> list[Problem]:
