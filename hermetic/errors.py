@@ -189,3 +189,23 @@ def _first_ancestor(path: str, test: Callable[[str], bool], *, last: bool = Fals
     chain = [*reversed([str(p) for p in PurePath(full).parents]), full]
     found = [p for p in chain if test(p)]
     return (found[-1] if last else found[0]) if found else None
+
+
+# what a child's output says ran out, when it was not its own code that failed (a compiler's, a linker's)
+_DISK_FULL = ("no space left on device", "disk quota exceeded")
+_NO_MEMORY = ("virtual memory exhausted", "cannot allocate memory", "out of memory", "std::bad_alloc")
+
+
+def ran_out(output: str, address_space: int | None = None) -> str | None:
+    """The hint for a child that failed because something ran out, as its output says (a full disk; memory,
+    under the recipe's ``[limits] address_space`` or not), else None: the child's own error is the cause."""
+    low = output.lower()
+    if any(words in low for words in _DISK_FULL):
+        return ("the disk is full (the output above says so): free space there (`hermetic gc` deletes what no root "
+                "needs) or choose another --root, then realize again; what compiled is kept")
+    if any(words in low for words in _NO_MEMORY):
+        if address_space is not None:
+            return (f"memory ran out under the recipe's [limits] address_space ({address_space / (1 << 20):.0f} "
+                    "MiB for each compiler process): raise it, or leave the key out for no limit")
+        return "memory ran out (the output above says so): lower [limits] jobs, or free memory on this machine"
+    return None

@@ -20,7 +20,7 @@ from hermetic.build.host import host_identity, host_record
 from hermetic.build.objects import INPUT_CHANGED, NO_MATCH, Decision, InputHasher, ObjectCache, ObjectChoice
 from hermetic.build.plan import BuildPlan, Compile, plan_extension, prefix_map
 from hermetic.build.toolchain import ToolchainInfo
-from hermetic.errors import BadRecord, WorkFailed
+from hermetic.errors import BadRecord, WorkFailed, ran_out
 from hermetic.keys import KEY_ENV, PrefixMap
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Extension, Recipe, Variant
@@ -287,5 +287,5 @@ def _link(store: Store, recipe: Recipe, plan: BuildPlan, env: dict[str, str]) ->
                            limits=limits, on_line=lambda _line: None)
     if rc != 0:
         raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
-                         hint="see the linker's message above")
+                         hint=ran_out("\n".join(tail), recipe.limits.address_space) or "see the linker's message above")
     return store.put_blob_bytes(Path(plan.output).read_bytes())

@@ -40,7 +40,7 @@ from hermetic.build.extension import ModuleJob, cold_weight
 from hermetic.build.objects import Decision, producer_record
 from hermetic.build.plan import Compile
 from hermetic.build.predict import IncludeScanner, Prediction, predict
-from hermetic.errors import WorkFailed
+from hermetic.errors import WorkFailed, ran_out
 from hermetic.procs import Limits, run_limited
 from hermetic.recipe import Recipe
 from hermetic.reporter import ProgressTask, Reporter, plural
@@ -340,7 +340,8 @@ class Graph:
         raise WorkFailed(f"compiling {self.recipe.name} failed ({len(failed)} object"
                          f"{'s' if len(failed) != 1 else ''}: {names}):\n{self.report.get('error', '')}",
                          where=self.report.get("ninja_file"),
-                         hint=f"fix the compile error above; the {plural(kept, 'objects')} that compiled are kept"
+                         hint=ran_out(self.report.get("error", ""), self.recipe.limits.address_space)
+                         or f"fix the compile error above; the {plural(kept, 'objects')} that compiled are kept"
                               + (f" ({len(undecided)} of another variant waited on a failed one)"
                                  if undecided else ""))
 
