@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import Hermetic
 from tests.support.index import LoopbackIndex, dead_url
 from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
@@ -278,3 +280,37 @@ def test_env_refuses_a_profile_that_is_no_link_to_an_entry(tmp_path: Path, herme
     assert hermetic("verify", "--repair").rc == 0
     r = hermetic("env", recipe, "--", "python", "-c", "import alpha; print(alpha.VERSION)")
     assert r.rc == 0 and r.out.strip() == "1.0", r.err
+
+
+@pytest.mark.parametrize("cpus,says", [
+    ("1-0", "the range 1-0 runs backwards"), ("0-1,1-0", "the range 1-0 runs backwards"),
+    ("0-", "'0-' is not a CPU number or a range N-M"), ("-1", "'-1' is not a CPU number"),
+    ("0,,1", "'' is not a CPU number"), ("", "'' is not a CPU number"), ("0x3", "'0x3' is not a CPU number"),
+    ("0-1:2", "'0-1:2' is not a CPU number"), ("4095", "names no CPU this machine lets hermetic use"),
+    ("0-99999999999", "names more than 4096 CPUs")])
+def test_a_malformed_cpus_list_is_exit_2_naming_file_line_and_key(cpus: str, says: str, tmp_path: Path,
+                                                                   hermetic: Hermetic, index: LoopbackIndex) -> None:
+    """The outside attack on issue 35 (finding 13): "1-0" was refused but "0-1,1-0" accepted, and "0-" accepted
+    (meaning unknown). One rule (docs/recipes.md): items N or N-M with M not below N, none empty."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "cpus", pip_lock_line(a))
+    recipe.write_text(recipe.read_text() + f'\n[limits]\ncpus = "{cpus}"\n')
+    r = hermetic("realize", recipe)
+    assert r.rc == 2 and "Traceback" not in r.err, r.err
+    assert r.err.startswith(f"error: {recipe}:") and "limits.cpus" in r.err and says in r.err, r.err
+
+
+def test_a_cpus_list_naming_cpus_this_machine_lacks_warns_which(tmp_path: Path, hermetic: Hermetic,
+                                                                index: LoopbackIndex) -> None:
+    """A list naming some CPUs this machine lets hermetic use and some it does not ("0,5" on a 2-CPU machine): the
+    children run on those it has, and realize says which are missing (the outside attack: accepted silently)."""
+    have = sorted(os.sched_getaffinity(0))
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "cpus", pip_lock_line(a))
+    recipe.write_text(recipe.read_text() + f'\n[limits]\ncpus = "{have[0]},4090-4095"\n')
+    r = hermetic("realize", recipe)
+    assert r.rc == 0, r.err
+    warned = [ln for ln in r.err.splitlines() if "4090-4095" in ln]
+    assert warned and "limits.cpus" in warned[0] and f"the children run on CPU {have[0]}" in warned[0], r.err

@@ -165,6 +165,8 @@ class Realization:
         self.name = self.recipe.name if self.variant is None else f"{self.recipe.name}.{self.variant}"
         self.root.ensure()
         limits = self.recipe.limits
+        for warning in limits.warnings:   # CPUs of [limits] cpus this machine lacks
+            self.reporter.warn(warning)
         mode, set_by = resolve_mode(sandbox, limits.sandbox,
                                     self.recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
         self.lock_folder = lock_dir(None)

@@ -250,6 +250,8 @@ class Measurement:
             raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
                            hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
         self.root.ensure()
+        for warning in self.spec.warnings:   # CPUs of cpus this machine lacks
+            self.reporter.warn(warning)
         self.lock_dir = lock_dir(self.spec.lock_dir if self.kind == "gpu" else None)
         self.audit = _audit(self.root, self.lock_dir)
         from hermetic.realize.pipeline import say_sandbox
