@@ -88,10 +88,14 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
     if filename is None or e.errno not in (*_NO_SPACE, *_PATH_ERRNOS):
         return None
     path = os.fsdecode(filename)
-    other = f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
+    second = os.fsdecode(e.filename2) if e.filename2 is not None else None
+    renamed_over = False
+    if second is not None and _temp_of(path, second):   # an atomic write's rename: the user knows its target
+        path, second, renamed_over = second, None, True
+    other = f" (and {second})" if second is not None else ""
     if e.errno == errno.EXDEV:   # a rename between two file systems: name the mount that splits them
-        path, other = _across_mounts(path, os.fsdecode(e.filename2) if e.filename2 is not None else None)
-    what, advice = _explain(e.errno, path, below=e.filename is None)
+        path, other = _across_mounts(path, second)
+    what, advice = _explain(e.errno, path, below=e.filename is None, renamed_over=renamed_over)
     what = f"{doing}: {what}{other}" if doing else what + other
     full = f"{advice}; {hint}" if hint else advice
     if e.errno in _NO_SPACE:
@@ -99,7 +103,15 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
     return BadInput(what, where=path, hint=full)
 
 
-def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
+def _temp_of(tmp: str, target: str) -> bool:
+    """Whether ``tmp`` is the temp file an atomic write renames over ``target`` (``.<name>.<anything>.tmp``
+    beside it): an internal name a message never shows."""
+    name = os.path.basename(tmp)
+    return name.startswith(f".{os.path.basename(target)}.") and name.endswith(".tmp") and \
+        os.path.dirname(tmp) in ("", os.path.dirname(target))
+
+
+def _explain(code: int, path: str, *, below: bool = False, renamed_over: bool = False) -> tuple[str, str]:
     if code in _NO_SPACE:
         quota = " (the disk quota is full)" if code == errno.EDQUOT else ""
         return (f"no space left on the device while writing {'below ' if below else ''}{path}{quota}",
@@ -131,6 +143,9 @@ def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
                 "publishes and removes by renaming within one file system)",
                 "unmount it (a read-only or bind mount over a folder of the root, such as store/entries, is not "
                 "supported); keep the whole root on one file system")
+    if code == errno.EISDIR and renamed_over:
+        return (f"{path} is a folder where hermetic writes a file",
+                "move it away (under the scratch root, `hermetic verify --repair` removes it)")
     if code == errno.EISDIR:
         return f"{path} is a folder, not a file", "give the path of a file"
     if code == errno.EEXIST:

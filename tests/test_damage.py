@@ -291,3 +291,46 @@ def test_a_gc_root_whose_refs_are_no_store_names_is_a_bad_record(
     _healed(h, recipe)
     assert not bad.exists() and _run(h, "gc").rc == 0
     assert (victim / "meta.json").read_text() == '{"kind": "tree"}\n'
+
+
+def test_a_folder_where_the_profile_belongs_is_named_by_its_path(realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 10): `profiles/NAME` replaced by a folder made the next realize say
+    `error: .fast.28702.tmp: .fast.28702.tmp is a folder, not a file (and fast)`, hint "give the path of a file":
+    a temp name, relative, and a wrong hint. A profile that is a folder is a bad record: named, exit 2."""
+    h, recipe, _blob = realized
+    profile = h.root / "profiles" / "dmg"
+    profile.unlink()
+    (profile / "dmg").mkdir(parents=True)
+    recipe.write_text(recipe.read_text() + "\n")   # not a no-op: the realize sets the profile again
+    res = _run(h, "realize", recipe)
+    assert res.rc == 2 and res.err.startswith(f"error: {profile}: the profile is a folder"), res.err
+    assert ".tmp" not in res.err and "verify --repair" in res.err, res.err
+    _healed(h, recipe)
+
+
+@pytest.fixture
+def readonly_profiles(realized: tuple[Hermetic, Path, Path]) -> Iterator[tuple[Hermetic, Path, Path]]:
+    h, _recipe, _blob = realized
+    profiles = h.root / "profiles"
+    (profiles / "dmg").unlink()   # the next realize sets it: a write under the mount
+    bind = subprocess.run(["mount", "--bind", str(profiles), str(profiles)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here ({bind.stderr.strip()}): needs root or CAP_SYS_ADMIN")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(profiles)], check=True)
+        yield realized
+    finally:
+        subprocess.run(["umount", "-l", str(profiles)], check=False)
+
+
+def test_a_read_only_mount_over_the_profiles_is_named_by_its_mount_point(
+        readonly_profiles: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 10): `.fast.1784.tmp is on a read-only file system (the mount at /)`
+    where the mount was at ROOT/profiles."""
+    h, recipe, _blob = readonly_profiles
+    profiles = h.root / "profiles"
+    res = _run(h, "realize", recipe)
+    assert res.rc == 2 and res.err.startswith(f"error: {profiles / 'dmg'}: "), res.err
+    assert f"(the mount at {profiles})" in res.err and ".tmp" not in res.err, res.err
+    subprocess.run(["umount", "-l", str(profiles)], check=True)
+    assert _run(h, "realize", recipe).rc == 0 and _run(h, "verify").rc == 0

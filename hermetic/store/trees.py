@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.errors import BadInput, WorkFailed
+from hermetic.errors import BadInput, BadRecord, WorkFailed
 from hermetic.store import STORE_FORMAT, Store, describe, entry_name, is_entry_name
 from hermetic.store.records import FileMap, SourceOrigin
 
@@ -234,5 +234,10 @@ def profile_entry(store: Store, link: Path) -> tuple[str | None, str | None]:
 def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:
     """Point ``profiles/<name>`` at an entry's out/ atomically; unchanged when it already does."""
     link = profiles / name
-    fs.atomic_symlink(os.path.relpath(store.entry_path(entry) / "out", profiles), link)
+    try:
+        fs.atomic_symlink(os.path.relpath(store.entry_path(entry) / "out", profiles), link)
+    except IsADirectoryError:   # a folder where the profile belongs: a bad record (docs/layout.md)
+        raise BadRecord("the profile is a folder, not a link to an entry: hermetic never writes over it",
+                        where=str(link), hint="run `hermetic verify --repair`, which removes it; then realize again") \
+            from None
     return link
