@@ -100,7 +100,7 @@ REPAIR_FOLDER = ("run `hermetic verify --repair`, which replaces it with an empt
 
 def refuse_folders(problems: list[tuple[Path, str]]) -> None:
     """BadInput (exit 2) naming the first of hermetic's own folders that is no real folder: nothing is written,
-    made or deleted through it (docs/layout.md, "The root's own folders")."""
+    made or deleted through it (docs/layout.md, "A bad record")."""
     if problems:
         path, what = problems[0]
         more = f" (and {len(problems) - 1} more such)" if len(problems) > 1 else ""

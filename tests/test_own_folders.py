@@ -7,14 +7,16 @@ it. Every decoy is a folder of the test's own tmp_path, outside the root."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from hermetic.store import Store
-from tests.support.cli import Hermetic, Result
+from tests.support.cli import REPO, Hermetic, Result
 from tests.support.index import LoopbackIndex
 from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 
@@ -155,4 +157,57 @@ def test_a_file_or_fifo_where_an_own_folder_belongs_is_healed_by_repair(
     assert _run(h, "show").rc == 0
     assert _run(h, "gc").rc == 2
     _healed(h, recipe, place)
+    assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"
+
+
+def _as_nobody(tmp_path: Path, h: Hermetic) -> Callable[..., Result]:
+    """hermetic run as uid 65534 with no capability left, so that a mode of 000 stops it as it stops a user (the
+    suite runs as root, which modes do not stop). The interpreter lives under /root (mode 700): a private mount
+    namespace binds its prefix to a folder of tmp_path (gone with the process); the root becomes nobody's."""
+    if shutil.which("setpriv") is None or shutil.which("unshare") is None:
+        pytest.skip("setpriv and unshare (util-linux) are needed")
+    prefix = Path(sys.base_prefix)
+    exe = Path(sys.executable).resolve()
+    mnt = tmp_path / "py"
+    mnt.mkdir()
+    mine = {key: tmp_path / "nobody" / key.lower() for key in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "MPLCONFIGDIR")}
+    for folder in mine.values():
+        folder.mkdir(parents=True)
+    for path in (tmp_path.parent, tmp_path):
+        os.chmod(path, 0o755)
+    subprocess.run(["chown", "-R", "65534:65534", str(h.root), str(tmp_path / "nobody")], check=True)
+    # its libpython too: the loader would take the system's from /usr/lib when the rpath under /root is closed
+    env = {**h.env, **{k: str(v) for k, v in mine.items()}, "LD_LIBRARY_PATH": str(mnt / "lib")}
+
+    def run(*args: str | Path) -> Result:
+        inner = [str(mnt / exe.relative_to(prefix)), "-m", "hermetic", "--root", str(h.root), *map(str, args),
+                 "--json"]
+        script = 'mount --bind "$1" "$2" && shift 2 && exec setpriv --reuid=65534 --regid=65534 --clear-groups "$@"'
+        p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(prefix),
+                            str(mnt), *inner], capture_output=True, text=True, env=env, cwd=REPO, timeout=LIMIT_S)
+        res = Result(p.returncode, p.stdout, p.stderr)
+        assert "Traceback" not in res.err and "internal error" not in res.err, res.err[-3000:]
+        return res
+    return run
+
+
+@pytest.mark.parametrize("what", ["blob", "blob-folder"])
+def test_a_blob_or_blob_folder_this_user_cannot_read_is_reported_and_repaired(
+        what: str, tmp_path: Path, realized: tuple[Hermetic, Path]) -> None:
+    """The outside attack on issue 35 (finding 12): a blob (or its folder store/blobs/XY) of mode 000 made verify
+    and `verify --repair` exit 2 ("permission denied ... give this user access") and left it; show exited 2 for
+    the folder. Now verify reports it (exit 1), show carries on (exit 0), repair mends it and realizes again."""
+    h, recipe = realized
+    nobody = _as_nobody(tmp_path, h)
+    blob = next(Store(h.root / "store").iter_blobs())[2]
+    place = blob if what == "blob" else blob.parent
+    os.chmod(place, 0)
+    found = nobody("verify")
+    assert found.rc == 1, found.err[-3000:]
+    assert any(p["name"] in (str(place), blob.name) for p in found.result["problems"]), found.result["problems"]
+    assert nobody("show").rc == 0
+    fixed = nobody("verify", "--repair")
+    assert fixed.rc == 0, fixed.err[-3000:]
+    assert nobody("verify").rc == 0
+    assert nobody("realize", recipe).rc == 0
     assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"

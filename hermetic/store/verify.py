@@ -177,7 +177,10 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int] | 
     def blob_inode(digest: str, executable: bool) -> int | None:
         if inodes is not None:
             return inodes.get((digest, executable))
-        st = lstat_or_none(store.blob_text(digest, executable))
+        try:
+            st = lstat_or_none(store.blob_text(digest, executable))
+        except PermissionError:   # a blob folder this user cannot search: a 'folder' problem of its own
+            return None
         return st.st_ino if st is not None and stat.S_ISREG(st.st_mode) else None
 
     files = {p: (d, bool(x)) for p, (d, x) in meta.get("files", {}).items()}
