@@ -75,7 +75,7 @@ def _healed(h: Hermetic, recipe: Path, place: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["store/trash", "store/tmp", "state", "state/realize-v1", "store/temproots",
-                                   "roots", "store/index"])
+                                   "roots", "store/index", "store/blobs", "store/entries"])
 def test_a_link_where_an_own_folder_belongs_is_never_deleted_through(
         where: str, tmp_path: Path, realized: tuple[Hermetic, Path]) -> None:
     """Before: gc emptied the folder outside the root that store/trash, store/tmp or state linked to (verify
@@ -210,4 +210,23 @@ def test_a_blob_or_blob_folder_this_user_cannot_read_is_reported_and_repaired(
     assert fixed.rc == 0, fixed.err[-3000:]
     assert nobody("verify").rc == 0
     assert nobody("realize", recipe).rc == 0
+    assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"
+
+
+def test_a_blobs_folder_linked_to_a_copy_outside_is_healed_in_one_repair(
+        tmp_path: Path, realized: tuple[Hermetic, Path]) -> None:
+    """The outside attack on issue 35 (repro-plumbing-links.sh): store/blobs replaced by a link to a copy of it
+    outside the root. Before: `verify --repair` made store/blobs an empty folder, but its pass had looked at the
+    entries' blobs through the link, so it removed no entry, realized nothing anew and exited 1 ("blob ... is
+    missing" for every file); a second repair was needed. The copy outside is never changed."""
+    h, recipe = realized
+    blobs = h.root / "store" / "blobs"
+    copy = tmp_path / "outside" / "blobs-copy"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-a", str(blobs), str(copy)], check=True)
+    before = sorted(str(p.relative_to(copy)) for p in copy.rglob("*"))
+    _replace_with_link(blobs, copy)
+    assert _run(h, "verify").rc == 1
+    _healed(h, recipe, blobs)
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == before
     assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"

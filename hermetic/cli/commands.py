@@ -116,6 +116,11 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     left: list[str] = []
     if report.problems and args.repair:
         done = repair(store, root, report)
+        if done.healed:   # a folder made again: what its pass saw in it, or through a link there, is gone
+            more = repair(store, root, verify(store, root))
+            done.removed += more.removed
+            done.in_use += more.in_use
+            done.changed += more.changed
         left = done.in_use + done.changed
         for item in done.in_use:
             reporter.warn(f"{item}: in use by another hermetic process: not removed", item=item)
