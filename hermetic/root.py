@@ -82,6 +82,8 @@ def not_a_folder(path: Path) -> str | None:
         st = os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except PermissionError:   # a folder above it this user may not search: what uses the path says so
+        return None
     mode = st.st_mode
     if stat.S_ISDIR(mode):
         return None
