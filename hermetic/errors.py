@@ -88,10 +88,14 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
     if filename is None or e.errno not in (*_NO_SPACE, *_PATH_ERRNOS):
         return None
     path = os.fsdecode(filename)
-    other = f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
+    second = os.fsdecode(e.filename2) if e.filename2 is not None else None
+    renamed_over = False
+    if second is not None and _temp_of(path, second):   # an atomic write's rename: the user knows its target
+        path, second, renamed_over = second, None, True
+    other = f" (and {second})" if second is not None else ""
     if e.errno == errno.EXDEV:   # a rename between two file systems: name the mount that splits them
-        path, other = _across_mounts(path, os.fsdecode(e.filename2) if e.filename2 is not None else None)
-    what, advice = _explain(e.errno, path, below=e.filename is None)
+        path, other = _across_mounts(path, second)
+    what, advice = _explain(e.errno, path, below=e.filename is None, renamed_over=renamed_over)
     what = f"{doing}: {what}{other}" if doing else what + other
     full = f"{advice}; {hint}" if hint else advice
     if e.errno in _NO_SPACE:
@@ -99,7 +103,15 @@ def path_error(e: OSError, *, doing: str = "", hint: str | None = None,
     return BadInput(what, where=path, hint=full)
 
 
-def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
+def _temp_of(tmp: str, target: str) -> bool:
+    """Whether ``tmp`` is the temp file an atomic write renames over ``target`` (``.<name>.<anything>.tmp``
+    beside it): an internal name a message never shows."""
+    name = os.path.basename(tmp)
+    return name.startswith(f".{os.path.basename(target)}.") and name.endswith(".tmp") and \
+        os.path.dirname(tmp) in ("", os.path.dirname(target))
+
+
+def _explain(code: int, path: str, *, below: bool = False, renamed_over: bool = False) -> tuple[str, str]:
     if code in _NO_SPACE:
         quota = " (the disk quota is full)" if code == errno.EDQUOT else ""
         return (f"no space left on the device while writing {'below ' if below else ''}{path}{quota}",
@@ -131,6 +143,9 @@ def _explain(code: int, path: str, *, below: bool = False) -> tuple[str, str]:
                 "publishes and removes by renaming within one file system)",
                 "unmount it (a read-only or bind mount over a folder of the root, such as store/entries, is not "
                 "supported); keep the whole root on one file system")
+    if code == errno.EISDIR and renamed_over:
+        return (f"{path} is a folder where hermetic writes a file",
+                "move it away (under the scratch root, `hermetic verify --repair` removes it)")
     if code == errno.EISDIR:
         return f"{path} is a folder, not a file", "give the path of a file"
     if code == errno.EEXIST:
@@ -189,3 +204,23 @@ def _first_ancestor(path: str, test: Callable[[str], bool], *, last: bool = Fals
     chain = [*reversed([str(p) for p in PurePath(full).parents]), full]
     found = [p for p in chain if test(p)]
     return (found[-1] if last else found[0]) if found else None
+
+
+# what a child's output says ran out, when it was not its own code that failed (a compiler's, a linker's)
+_DISK_FULL = ("no space left on device", "disk quota exceeded")
+_NO_MEMORY = ("virtual memory exhausted", "cannot allocate memory", "out of memory", "std::bad_alloc")
+
+
+def ran_out(output: str, address_space: int | None = None) -> str | None:
+    """The hint for a child that failed because something ran out, as its output says (a full disk; memory,
+    under the recipe's ``[limits] address_space`` or not), else None: the child's own error is the cause."""
+    low = output.lower()
+    if any(words in low for words in _DISK_FULL):
+        return ("the disk is full (the output above says so): free space there (`hermetic gc` deletes what no root "
+                "needs) or choose another --root, then realize again; what compiled is kept")
+    if any(words in low for words in _NO_MEMORY):
+        if address_space is not None:
+            return (f"memory ran out under the recipe's [limits] address_space ({address_space / (1 << 20):.0f} "
+                    "MiB for each compiler process): raise it, or leave the key out for no limit")
+        return "memory ran out (the output above says so): lower [limits] jobs, or free memory on this machine"
+    return None

@@ -399,10 +399,15 @@ def atomic_symlink(target: str, link: Path) -> bool:
             if os.readlink(link.name, dir_fd=dir_fd) == target:
                 return False
         tmp = f".{link.name}.{os.getpid()}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        os.symlink(target, tmp, dir_fd=dir_fd)
-        os.replace(tmp, link.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            os.symlink(target, tmp, dir_fd=dir_fd)
+            os.replace(tmp, link.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError as e:   # named by the link's own path, never the temp name relative to a descriptor
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise OSError(e.errno, e.strerror, str(link)) from None
         if durable_default():
             os.fsync(dir_fd)
     finally:
@@ -692,5 +697,9 @@ class FingerprintTable:
 
     def save(self) -> None:
         if self.dirty and not self.read_only:
-            atomic_write(self.path, canonical_json(self.facts), durable=False)
+            try:
+                atomic_write(self.path, canonical_json(self.facts), durable=False)
+            except IsADirectoryError:   # a folder where the table belongs: derived state, removed and written anew
+                remove_tree(self.path)
+                atomic_write(self.path, canonical_json(self.facts), durable=False)
             self.dirty = False

@@ -60,6 +60,7 @@ class Limits:
     nice: int = 0
     address_space: int | None = None       # RLIMIT_AS of every compiler process, bytes
     sandbox: str | None = None             # auto, required or off (hermetic.sandbox); None: not set here
+    warnings: tuple[str, ...] = ()         # what realize says of these limits (CPUs of cpus this machine lacks)
 
 
 @dataclass(frozen=True)
@@ -242,25 +243,32 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
         raise BadInput(f"limits.nice must be 0-19, found {nice}", where=doc.where(*kp, "nice"),
                        hint="0 is normal priority, 19 the lowest")
     cpus = None
+    warnings: tuple[str, ...] = ()
     if "cpus" in table:
-        cpus = usable_cpus(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
+        cpus, warnings = usable_cpus(doc, expect_type(doc, table["cpus"], str, (*kp, "cpus")), (*kp, "cpus"))
     space = None
     if "address_space" in table:
         space = size_bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
                        (*kp, "address_space"))
-    return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp))
+    return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp), warnings)
 
 
-def usable_cpus(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[int, ...]:
-    """A ``cpus`` list this machine can honour: at least one of its CPUs is one this process may run on (the
-    children run on those of them it has; a list naming none of them could only fail in every child)."""
+def usable_cpus(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The CPUs of a ``cpus`` list (``cpu_list``: one rule for recipes and runners, docs/recipes.md) this machine
+    lets this process run on, and what to warn: a list naming none of them is exit 2 (every child could only
+    fail); one naming some it lacks runs on the others, and the warning names those missing."""
     cpus = cpu_list(doc, text, kp)
     have = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    if not set(cpus) & set(have):
+    usable = tuple(c for c in cpus if c in set(have))
+    if not usable:
         ranges = _ranges(have)
         raise BadInput(f"cpus {text!r} names no CPU this machine lets hermetic use (it may use CPU {ranges})",
                        where=doc.where(*kp), hint=f'name CPUs among {ranges}, for example cpus = "{ranges}"')
-    return cpus
+    missing = [c for c in cpus if c not in set(have)]
+    if not missing:
+        return usable, ()
+    return usable, (f"{doc.where(*kp)}: cpus {text!r} names CPU {_ranges(missing)}, which this machine does not let "
+                    f"hermetic use (it may use CPU {_ranges(have)}): the children run on CPU {_ranges(list(usable))}",)
 
 
 def _ranges(cpus: list[int]) -> str:

@@ -75,6 +75,41 @@ CACHES = {c.name: c for c in (
 DRY_RUN_SCRATCH = "hermetic-dry-run-"
 
 
+def not_a_folder(path: Path) -> str | None:
+    """What stands at ``path`` where one of hermetic's own folders belongs when it is no real folder ("a symbolic
+    link to /x", "a file", "a FIFO"), else None (a folder, or nothing). Read with lstat: never followed."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except PermissionError:   # a folder above it this user may not search: what uses the path says so
+        return None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            return "a symbolic link"
+    return "a file" if stat.S_ISREG(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" \
+        if stat.S_ISSOCK(mode) else "a device file"
+
+
+REPAIR_FOLDER = ("run `hermetic verify --repair`, which replaces it with an empty folder (what a link points at is "
+                 "left as it is)")
+
+
+def refuse_folders(problems: list[tuple[Path, str]]) -> None:
+    """BadInput (exit 2) naming the first of hermetic's own folders that is no real folder: nothing is written,
+    made or deleted through it (docs/layout.md, "A bad record")."""
+    if problems:
+        path, what = problems[0]
+        more = f" (and {len(problems) - 1} more such)" if len(problems) > 1 else ""
+        raise BadInput(f"{path} is {what} where hermetic's own folder belongs: hermetic never writes or deletes "
+                       f"through it{more}", where=str(path), hint=REPAIR_FOLDER)
+
+
 def _outside_scratch() -> Path:
     """The folder a read-only root's children get for their homes and temp files, outside the root: removed at
     exit, and by the next dry run or gc after a kill -9 (``sweep_outside_scratch``)."""
@@ -204,8 +239,25 @@ class Root:
                              hint="use a matching hermetic, or another --root")
         if found != ROOT_FORMAT:
             fs.atomic_write(self.path / ROOT_MARKER, MARKER_TEXT)
+        refuse_folders(self.folder_problems())
         for d in (self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
+
+    def folder_problems(self) -> list[tuple[Path, str]]:
+        """The root's own folders (``LAYOUT``; under state/, the buckets of ``CACHES``) that are no real folder:
+        a symbolic link (never followed: a link to a folder outside would have hermetic write or delete there),
+        a file, a FIFO. (path, what stands there) for each; the store's are ``Store.folder_problems``."""
+        found = []
+        for name in sorted(LAYOUT):
+            what = not_a_folder(self.path / name)
+            if what is not None:
+                found.append((self.path / name, what))
+        if not any(p == self.state for p, _w in found):
+            for cache in CACHES.values():
+                what = not_a_folder(self.state / cache.folder)
+                if what is not None:
+                    found.append((self.state / cache.folder, what))
+        return found
 
     def _layout_only(self, names: list[str]) -> bool:
         """Whether a folder without a marker holds only a root's own folders, its store's format among them: a

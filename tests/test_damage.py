@@ -218,3 +218,119 @@ def test_a_pyc_cut_short_in_the_childrens_bytecode_cache_is_reported_and_cleared
                                  for p in found.result["problems"]), found.result["problems"]
     _healed(h, recipe)
     assert not pyc.exists()
+
+
+def _same_size_elsewhere(blob: Path) -> None:
+    decoy = blob.parents[3] / "same-size"
+    decoy.write_bytes(b"x" * blob.stat().st_size)
+    blob.unlink()
+    os.symlink(decoy, blob)
+
+
+def _short_elsewhere(blob: Path) -> None:
+    decoy = blob.parents[3] / "short"
+    decoy.write_bytes(b"not the blob")
+    blob.unlink()
+    os.symlink(decoy, blob)
+
+
+def _flipped(blob: Path) -> None:
+    data = bytearray(blob.read_bytes())
+    data[0] ^= 1
+    os.chmod(blob, 0o644)
+    blob.write_bytes(bytes(data))   # the same inode: the tree's file changes with it
+    os.chmod(blob, 0o444)
+
+
+@pytest.mark.parametrize("make", [_fifo, _short_elsewhere, _same_size_elsewhere, _flipped],
+                         ids=["fifo", "link-to-a-short-file", "link-to-a-same-size-file", "flipped-byte"])
+def test_export_reads_blobs_as_the_stores_own_files(make: Callable[[Path], None], tmp_path: Path,
+                                                    realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 4): export hung for ever on a FIFO blob, printed a Python
+    traceback for a link to a shorter file, and wrote an archive (exit 0) holding a decoy's bytes for a link to a
+    file of the same size. Now each is exit 1 naming the blob and `verify --repair`; no archive is written."""
+    h, recipe, blob = realized
+    if make is _fifo:
+        blob.unlink()
+    make(blob)
+    archive = tmp_path / "out" / "closure.tar.zst"
+    res = _run(h, "export", "--level", "1", archive)
+    assert res.rc == 1 and res.err.startswith(f"error: {blob}: blob {blob.name} "), res.err
+    assert "verify --repair" in res.err
+    assert not archive.exists() and not list(archive.parent.glob("*.tmp"))
+    _healed(h, recipe)
+    assert _run(h, "export", "--level", "1", archive).rc == 0
+
+
+@pytest.mark.parametrize("folder,record", [
+    ("roots", {"format": 1, "name": "esc", "recipe": "/nowhere/esc.toml", "profile": "esc",
+               "refs": ["entry:../../../outside/victim"]}),
+    ("receipts", {"format": 1, "kind": "run", "refs": ["blob:../../../outside/victim/meta.json"]}),
+    ("roots", {"format": 1, "name": "esc", "recipe": "/nowhere/esc.toml", "profile": "esc",
+               "refs": ["wheel:1234"]})],
+    ids=["root-entry-dotdot", "receipt-blob-dotdot", "root-unknown-kind"])
+def test_a_gc_root_whose_refs_are_no_store_names_is_a_bad_record(
+        folder: str, record: dict[str, object], tmp_path: Path, realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 11): a gc root naming `entry:../../../../outside/victim` passed
+    verify (all valid, --repair too), while gc read `meta.json` outside the root, called it a corrupt store entry
+    and from then on deleted no blob; export's hint sent the user to a repair that found nothing. A reference is
+    `entry:<entry name>` or `blob:<blob name>`, nothing else: anything else is a bad record."""
+    h, recipe, _blob = realized
+    victim = tmp_path / "outside" / "victim"
+    victim.mkdir(parents=True)
+    (victim / "meta.json").write_text('{"kind": "tree"}\n')
+    bad = h.root / folder / ("esc.json" if folder == "roots" else "run-20260101T000000-esc.json")
+    bad.write_text(json.dumps(record))
+    found = _run(h, "verify")
+    assert found.rc == 1 and any(p["name"] == str(bad) and "refs" in p["what"] for p in found.result["problems"]), \
+        found.result["problems"]
+    gc = _run(h, "gc")
+    assert gc.rc == 2 and str(bad) in gc.err and "verify --repair" in gc.err, gc.err
+    assert _run(h, "export", "--level", "1", tmp_path / "x.tar.zst").rc == 2
+    assert _run(h, "show").rc == 0
+    _healed(h, recipe)
+    assert not bad.exists() and _run(h, "gc").rc == 0
+    assert (victim / "meta.json").read_text() == '{"kind": "tree"}\n'
+
+
+def test_a_folder_where_the_profile_belongs_is_named_by_its_path(realized: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 10): `profiles/NAME` replaced by a folder made the next realize say
+    `error: .fast.28702.tmp: .fast.28702.tmp is a folder, not a file (and fast)`, hint "give the path of a file":
+    a temp name, relative, and a wrong hint. A profile that is a folder is a bad record: named, exit 2."""
+    h, recipe, _blob = realized
+    profile = h.root / "profiles" / "dmg"
+    profile.unlink()
+    (profile / "dmg").mkdir(parents=True)
+    recipe.write_text(recipe.read_text() + "\n")   # not a no-op: the realize sets the profile again
+    res = _run(h, "realize", recipe)
+    assert res.rc == 2 and res.err.startswith(f"error: {profile}: the profile is a folder"), res.err
+    assert ".tmp" not in res.err and "verify --repair" in res.err, res.err
+    _healed(h, recipe)
+
+
+@pytest.fixture
+def readonly_profiles(realized: tuple[Hermetic, Path, Path]) -> Iterator[tuple[Hermetic, Path, Path]]:
+    h, _recipe, _blob = realized
+    profiles = h.root / "profiles"
+    (profiles / "dmg").unlink()   # the next realize sets it: a write under the mount
+    bind = subprocess.run(["mount", "--bind", str(profiles), str(profiles)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here ({bind.stderr.strip()}): needs root or CAP_SYS_ADMIN")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(profiles)], check=True)
+        yield realized
+    finally:
+        subprocess.run(["umount", "-l", str(profiles)], check=False)
+
+
+def test_a_read_only_mount_over_the_profiles_is_named_by_its_mount_point(
+        readonly_profiles: tuple[Hermetic, Path, Path]) -> None:
+    """The outside attack on issue 35 (finding 10): `.fast.1784.tmp is on a read-only file system (the mount at /)`
+    where the mount was at ROOT/profiles."""
+    h, recipe, _blob = readonly_profiles
+    profiles = h.root / "profiles"
+    res = _run(h, "realize", recipe)
+    assert res.rc == 2 and res.err.startswith(f"error: {profiles / 'dmg'}: "), res.err
+    assert f"(the mount at {profiles})" in res.err and ".tmp" not in res.err, res.err
+    subprocess.run(["umount", "-l", str(profiles)], check=True)
+    assert _run(h, "realize", recipe).rc == 0 and _run(h, "verify").rc == 0

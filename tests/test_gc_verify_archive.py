@@ -75,6 +75,29 @@ def test_a_realize_killed_before_its_receipt_after_gc_dropped_the_last_one_is_no
         again["receipt"]  # and then a no-op again, naming that receipt
 
 
+def test_drop_root_forgets_a_recipes_variants_and_no_other_recipe(tmp_path: Path, hermetic: Hermetic,
+                                                                   index: LoopbackIndex) -> None:
+    """`gc --drop-root NAME` forgets the recipe whole: its variants' roots, profiles and receipts too (roots of
+    the same recipe file); a recipe of another file whose name starts with `NAME.` is left alone."""
+    r1, r2 = _two_recipes(tmp_path, index)
+    r1.write_text(r1.read_text() + '\n[variants.main]\n\n[variants.extra]\ndefault = false\n')
+    r2.write_text(r2.read_text().replace('name = "two"', 'name = "one.other"'))
+    hermetic("realize", r1, check=True)
+    hermetic("realize", r1, "--variant", "extra", check=True)
+    hermetic("realize", r2, check=True)
+    other = _entries(hermetic.root)
+    roots = hermetic.root / "roots"
+    assert {p.name for p in roots.iterdir()} == {"one.json", "one.extra.json", "one.other.json"}
+    res = hermetic("gc", "--drop-root", "one", "--json", check=True)
+    assert {p.name for p in roots.iterdir()} == {"one.other.json"}
+    assert json.loads(res.out.splitlines()[-1])["dropped"] == ["one", "one.extra", "one.toolchain"]
+    assert os.listdir(hermetic.root / "profiles") == ["one.other"]
+    receipts = [json.loads(p.read_text())["recipe"]["name"] for p in (hermetic.root / "receipts").iterdir()]
+    assert receipts == ["one.other"]
+    assert _entries(hermetic.root) < other and hermetic("verify").rc == 0
+    assert (hermetic.root / "profiles" / "one.other" / "gamma" / "__init__.py").exists()
+
+
 def test_gc_keeps_what_a_root_reaches(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:
     r1, _ = _two_recipes(tmp_path, index)
     hermetic("realize", r1, check=True)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.support.cli import Hermetic
 from tests.support.index import LoopbackIndex, dead_url
@@ -214,3 +217,100 @@ def test_env_shows_no_system_cuda_and_each_folder_once(tmp_path: Path, hermetic:
     path = printed["PATH"].split(os.pathsep)
     assert path.count(venv_bin) == 1 and str(system / "bin") not in path
     assert path[0] == str(hermetic.root / "profiles" / "env1" / "bin")
+
+
+GATED = ("import os, sys, time\n"
+         "print('ready', flush=True)\n"
+         "while not os.path.exists(sys.argv[1]):\n"
+         "    time.sleep(0.05)\n"
+         "import alpha\n"
+         "print(open(alpha.__file__).read().strip())\n")
+
+
+def test_env_command_keeps_its_tree_alive_while_it_runs(tmp_path: Path, hermetic: Hermetic,
+                                                        index: LoopbackIndex) -> None:
+    """The outside attack on issue 35 (finding 7): `hermetic env RECIPE -- CMD` pinned nothing (it execs CMD), so
+    `gc --drop-root` beside it deleted the tree under the running command (ModuleNotFoundError). The command
+    inherits the temp root's lock and runs from the pinned tree itself, never through the profile; once it has
+    exited, gc collects the tree."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "envgc", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    gate = tmp_path / "gate"
+    proc = hermetic.popen("env", recipe, "--", "python", "-c", GATED, gate)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        gc = hermetic("gc", "--drop-root", "envgc", "--json")
+        assert gc.rc == 0 and gc.result["dead_entries"] == [], gc.out
+        gate.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.strip() == "VERSION = '1.0'"
+    assert not (hermetic.root / "profiles" / "envgc").exists()
+    gone = hermetic("gc", "--json")
+    assert gone.rc == 0 and len(gone.result["dead_entries"]) == 2   # the tree and the unpacked wheel
+
+
+def test_env_refuses_a_profile_that_is_no_link_to_an_entry(tmp_path: Path, hermetic: Hermetic,
+                                                            index: LoopbackIndex) -> None:
+    """The outside attack on issue 35 (finding 7): `env` ran the command (exit 0) inside a `profiles/NAME` that
+    was a plain folder or a link out of the store. A profile is a link to an entry's out/ (docs/layout.md's bad
+    records): anything else is exit 2 naming it, for the printed environment too."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "envprof", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    profile = hermetic.root / "profiles" / "envprof"
+    fake = tmp_path / "outside" / "fakeprof"
+    (fake / "alpha").mkdir(parents=True)
+    (fake / "alpha" / "__init__.py").write_text("VERSION = 'not the locked one'\n")
+    profile.unlink()
+    profile.symlink_to(fake)
+    for shape in ("a link out of the store", "a folder"):
+        if shape == "a folder":
+            profile.unlink()
+            shutil.copytree(fake, profile)
+        for args in (("--", "python", "-c", "import alpha; print(alpha.VERSION)"), ()):
+            r = hermetic("env", recipe, *args)
+            assert r.rc == 2 and r.err.startswith(f"error: {profile}: the profile "), (shape, r.out, r.err)
+            assert "verify --repair" in r.err and "not the locked one" not in r.out, (shape, r.out)
+    assert hermetic("verify", "--repair").rc == 0
+    r = hermetic("env", recipe, "--", "python", "-c", "import alpha; print(alpha.VERSION)")
+    assert r.rc == 0 and r.out.strip() == "1.0", r.err
+
+
+@pytest.mark.parametrize("cpus,says", [
+    ("1-0", "the range 1-0 runs backwards"), ("0-1,1-0", "the range 1-0 runs backwards"),
+    ("0-", "'0-' is not a CPU number or a range N-M"), ("-1", "'-1' is not a CPU number"),
+    ("0,,1", "'' is not a CPU number"), ("", "'' is not a CPU number"), ("0x3", "'0x3' is not a CPU number"),
+    ("0-1:2", "'0-1:2' is not a CPU number"), ("4095", "names no CPU this machine lets hermetic use"),
+    ("0-99999999999", "names more than 4096 CPUs")])
+def test_a_malformed_cpus_list_is_exit_2_naming_file_line_and_key(cpus: str, says: str, tmp_path: Path,
+                                                                   hermetic: Hermetic, index: LoopbackIndex) -> None:
+    """The outside attack on issue 35 (finding 13): "1-0" was refused but "0-1,1-0" accepted, and "0-" accepted
+    (meaning unknown). One rule (docs/recipes.md): items N or N-M with M not below N, none empty."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "cpus", pip_lock_line(a))
+    recipe.write_text(recipe.read_text() + f'\n[limits]\ncpus = "{cpus}"\n')
+    r = hermetic("realize", recipe)
+    assert r.rc == 2 and "Traceback" not in r.err, r.err
+    assert r.err.startswith(f"error: {recipe}:") and "limits.cpus" in r.err and says in r.err, r.err
+
+
+def test_a_cpus_list_naming_cpus_this_machine_lacks_warns_which(tmp_path: Path, hermetic: Hermetic,
+                                                                index: LoopbackIndex) -> None:
+    """A list naming some CPUs this machine lets hermetic use and some it does not ("0,5" on a 2-CPU machine): the
+    children run on those it has, and realize says which are missing (the outside attack: accepted silently)."""
+    have = sorted(os.sched_getaffinity(0))
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "cpus", pip_lock_line(a))
+    recipe.write_text(recipe.read_text() + f'\n[limits]\ncpus = "{have[0]},4090-4095"\n')
+    r = hermetic("realize", recipe)
+    assert r.rc == 0, r.err
+    warned = [ln for ln in r.err.splitlines() if "4090-4095" in ln]
+    assert warned and "limits.cpus" in warned[0] and f"the children run on CPU {have[0]}" in warned[0], r.err

@@ -70,6 +70,10 @@ def test_gc_of_a_dropped_build_removes_its_objects_and_their_index(tmp_path: Pat
     store = Store(root / "store")
     assert not [e for e in store.iter_entries() if "-obj-" in e or "-mod-" in e]
     assert not list(index.glob("*/*/*")) and not list(index.glob("*/*"))
+    # the recipe forgotten whole: its toolchain's profile too, so nothing of it stays (the outside attack on
+    # issue 35, finding 14: profiles/dropped.toolchain stayed, and with it the toolchain's entries)
+    assert not os.listdir(root / "profiles")
+    assert store.iter_entries() == []
 
 
 def _recompiling(root: Path) -> list[int]:

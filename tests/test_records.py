@@ -45,13 +45,19 @@ def test_a_malformed_entry_record_is_said_why(value: object, why: str) -> None:
 
 
 def test_roots_and_receipts_are_checked_for_what_gc_reads() -> None:
-    root = {"format": 1, "name": "p2p", "recipe": "/r/p2p.toml", "profile": "p2p", "refs": ["entry:x"]}
+    entry = "entry:" + "0" * 32 + "-p2p"
+    root = {"format": 1, "name": "p2p", "recipe": "/r/p2p.toml", "profile": "p2p", "refs": [entry, "blob:" + "a" * 64]}
     assert root_problem(root) is None
-    assert "JSON list" in str(root_problem([["entry:x"]]))          # the archive's root of the attack
+    assert "JSON list" in str(root_problem([[entry]]))          # the archive's root of the attack
     assert "'refs' is malformed" in str(root_problem({**root, "refs": [1]}))
+    # a reference is an entry's or a blob's name, never a path (the outside attack on issue 35, finding 11)
+    for ref in ("entry:x", "entry:../../../outside/victim", "entry:" + "0" * 32 + "-a/b", "blob:../x",
+                "blob:" + "A" * 64, "wheel:" + "a" * 64, "entry:"):
+        assert "'refs' is malformed" in str(root_problem({**root, "refs": [ref]})), ref
+        assert "'refs' is malformed" in str(receipt_problem({"format": 1, "kind": "run", "refs": [ref]})), ref
     receipt = {"format": 1, "kind": "realize", "recipe": {"name": "p2p"}, "refs": []}
     assert receipt_problem(receipt) is None
-    assert receipt_problem({"format": 1, "kind": "run", "refs": ["entry:x"]}) is None
+    assert receipt_problem({"format": 1, "kind": "run", "refs": [entry]}) is None
     assert "names no recipe" in str(receipt_problem({"format": 1, "kind": "realize"}))
     assert "'kind'" in str(receipt_problem({"format": 1, "kind": "measurement"}))
 

@@ -162,3 +162,18 @@ def test_a_damaged_entry_record_fails_clearly_then_repair_mends(tmp_path: Path, 
     assert run.rc == 0, run.err[-2000:]
     assert proj.realize().result["ok"] is True
     assert first.result["tree"]
+
+
+@pytest.mark.parametrize("table", ["hashes-v1/inputs.json", "includes-v1/includes.json"])
+def test_a_folder_where_a_derived_table_belongs_is_a_miss(tmp_path: Path, root: Path, table: str) -> None:
+    """The outside attack on issue 35 (finding 9): a folder at state/hashes-v1/inputs.json made the build exit 2
+    naming `.inputs.json.<random>.tmp is a folder, not a file`; layout.md says a folder where a derived cache's
+    record belongs is a miss: the table is derived again and written in its place."""
+    proj, _first = project(tmp_path, root, "tablefolder")
+    path = root / "state" / table
+    written = path.is_file()   # the include table is written only by a build that predicts; a miss either way
+    path.unlink(missing_ok=True)
+    (path / "inside").mkdir(parents=True)
+    again = full_realize(proj, check=False)
+    assert again.rc == 0, again.err[-3000:]
+    assert not written or (path.is_file() and json.loads(path.read_text()))

@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,50 @@ def test_a_disk_that_fills_during_a_build_heals_once_there_is_room(room: str, bi
     ok = h("verify", "--json")
     assert ok.rc == 0, ok.out[-3000:]
     h("gc", "--drop-root", "full", check=True)   # the next size starts from a cold build again
+
+
+def _fill(path: Path) -> None:
+    """Take every free byte of the file system ``path`` is on (as the outside attack did: big writes, then small)."""
+    with open(path, "wb", buffering=0) as f:
+        for size in (1 << 20, 4096, 512):
+            try:
+                while True:
+                    f.write(b"\0" * size)
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("when", ["before-the-compile", "after-the-compile"])
+def test_a_compile_on_a_full_disk_says_so_without_a_traceback(when: str, tiny: Path) -> None:
+    """The outside attack on issue 35 (finding 6): a disk that filled during the compiles printed a traceback of
+    hermetic's own build/costwrap.py (OSError: [Errno 28]) inside the error, with the hint "fix the compile error
+    above". costwrap (which runs every compile of the build graph) on a real full tmpfs: its record of the start
+    cannot be written (before the compile), or the compile itself fills the disk and then its cost cannot be
+    written (after). One line naming the file and the full disk, no traceback, no cost file, a non-zero exit; and
+    the hint the build gives for that output names the full disk."""
+    from hermetic.extensions.graph import COSTWRAP
+    cost = tiny / "obj.o.cost"
+    if when == "before-the-compile":
+        _fill(tiny / "filler")
+        command = ["true"]
+    else:   # the compile writes its object until the disk is full and fails, as a compiler would
+        command = ["sh", "-c", f"cat /dev/zero > {tiny / 'obj.o'}"]
+    p = subprocess.run([sys.executable, "-S", str(COSTWRAP), str(cost), *command], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    assert f"{tiny}/obj.o.cost" in p.stderr and "No space left on device" in p.stderr, p.stderr
+    assert not cost.exists() and not list(tiny.glob("obj.o.cost.tmp*"))
+    from hermetic.errors import ran_out  # what the build's error says for this output (build/graph.py)
+    hint = ran_out(p.stderr)
+    assert hint is not None and "disk is full" in hint
+
+
+def test_a_too_small_address_space_says_what_ran_out(tmp_path: Path, shared_root: Path) -> None:
+    """The outside attack on issue 35 (finding 13): `address_space = "65M"` failed the compile with "virtual
+    memory exhausted" and the hint "fix the compile error above"; the recipe's limit is the cause."""
+    proj = Project(tmp_path / "p", "tightas", shared_root, limits='address_space = "65M"\n')
+    proj.edit("clock.cpp", "__TIME__", '"tight"')   # an object no other test stored: it must compile
+    res = proj.realize(check=False)
+    assert res.rc == 1 and "Traceback" not in res.err and "internal error" not in res.err, res.err[-3000:]
+    hint = json.loads(res.out.splitlines()[-1])["error"]["hint"]
+    assert "address_space" in hint and "fix the compile error" not in hint, hint

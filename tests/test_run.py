@@ -319,6 +319,8 @@ def test_on_a_terminal_each_phase_shows_once_and_the_lock_wait_moves(run_root: t
     (('"../recipes/p2p.toml"]\nkernels = ["torch"]\nthreads', '"../../outside.toml"]\nkernels = ["torch"]\nthreads'),
      "leaves the repository"),
     (("threads = 1\n", 'threads = 1\ncpus = "4095"\n'), "names no CPU this machine lets hermetic use"),
+    (("threads = 1\n", 'threads = 1\ncpus = "0-1,1-0"\n'), "the range 1-0 runs backwards"),   # one cpus rule
+    (("threads = 1\n", 'threads = 1\ncpus = "0-"\n'), "'0-' is not a CPU number or a range N-M"),
 ])
 def test_bad_runner_files_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], message: str) -> None:
     runner = small_repo(tmp_path / "repo")

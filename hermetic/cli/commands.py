@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hermetic.errors import BadInput
-from hermetic.reporter import Reporter, process_seconds
+from hermetic.reporter import Reporter, plural, process_seconds
 from hermetic.root import Root
 from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
@@ -89,18 +89,20 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     reporter.result("gc", True, 0, dry_run=args.dry_run, dead_entries=p.dead_entries,
                     dead_blobs=len(p.dead_blobs), freed_bytes=freed, live_entries=len(p.live_entries),
                     damaged=sorted(p.damaged), kept_unprovable=p.kept_unprovable,
-                    blobs_unprovable=p.blobs_unprovable)
+                    blobs_unprovable=p.blobs_unprovable, dropped=p.dropped)
     return 0
 
 
 def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.store import layout_problems
     from hermetic.store.verify import repair, verify
     store = Store(root.store)
-    if not store.exists():
+    if not store.exists() and not layout_problems(root, store):
         reporter.event("verify", f"no store at {root.store}: nothing to verify")
         reporter.result("verify", True, 0, blobs=0, entries=0, problems=[])
         return 0
-    store.open()
+    if store.exists():
+        store.open(check=False)   # a folder of the store's own that is no folder is what verify reports
     report = verify(store, root)
     for p in report.warnings:
         reporter.warn(p.what, path=p.name)
@@ -109,13 +111,20 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     left: list[str] = []
     if report.problems and args.repair:
         done = repair(store, root, report)
+        if done.healed:   # a folder made again: what its pass saw in it, or through a link there, is gone
+            more = repair(store, root, verify(store, root))
+            done.removed += more.removed
+            done.in_use += more.in_use
+            done.changed += more.changed
         left = done.in_use + done.changed
         for item in done.in_use:
             reporter.warn(f"{item}: in use by another hermetic process: not removed", item=item)
         for item in done.changed:
             reporter.warn(f"{item}: changed since verify looked at it (written again meanwhile): not removed",
                           item=item)
-        reporter.event("repair", f"removed {len(done.removed)} corrupt items; realizing the roots again")
+        reporter.event("repair", (f"made {plural(len(done.healed), 'folders')} of hermetic's own again; "
+                                  if done.healed else "")
+                       + f"removed {len(done.removed)} corrupt items; realizing the roots again")
         _realize_roots(root, reporter, _remote(args), args.offline, args.sandbox)
         report = verify(store, root)
     rebuilt = []
@@ -162,8 +171,14 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
 def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     """What the root holds, read without a lock and with lstat only: what vanishes while it is read is skipped,
     a bad record or a stray is said and counted, never fatal (docs/layout.md, "A bad record")."""
+    from hermetic.store import layout_problems
     store = Store(root.store)
     info: dict[str, object] = {"root": str(root.path), "store": store.exists()}
+    folders = layout_problems(root, store, readable=True)
+    for path, what in folders:
+        reporter.warn(f"{path} is {what} where hermetic's own folder belongs: run `hermetic verify --repair`",
+                      path=str(path))
+    info["bad_folders"] = [str(p) for p, _w in folders]
     if store.exists():
         from hermetic.errors import BadRecord
         from hermetic.store.roots import read_receipt, read_root, root_files
@@ -212,7 +227,9 @@ def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
                               + f"\n  roots: {', '.join(roots) or '-'}"
                               + "".join(f"\n  profile {k} -> {v}" for k, v in profiles.items())
                               + "".join(f"\n  receipt {r.name}" for r in receipts)
-                              + (f"\n  bad records: {len(bad)} (hermetic verify --repair)" if bad else ""))
+                              + (f"\n  bad records: {len(bad)} (hermetic verify --repair)" if bad else "")
+                              + (f"\n  folders that are no folder: {len(folders)} (hermetic verify --repair)"
+                                 if folders else ""))
     else:
         reporter.data("show", f"scratch root {root.path}: no store yet")
     reporter.result("show", True, 0, **info)
@@ -221,10 +238,14 @@ def cmd_show(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 def cmd_env(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.realize.env import realized_env
-    env, exported = realized_env(root, args.recipe)
+    from hermetic.store import inherit_pins
     cmd = list(args.cmd)
+    env, exported = realized_env(root, args.recipe, pinned=bool(cmd))
     if cmd:
         sys.stdout.flush()
+        # the command runs in this process: its temp root's lock goes with it, so gc spares the trees it
+        # uses until it exits (docs/layout.md, "Who holds what")
+        inherit_pins()
         try:
             os.execvpe(cmd[0], cmd, env)
         except OSError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 import zstandard
 
 from hermetic import fs
-from hermetic.errors import BadRecord, WorkFailed
+from hermetic.errors import BadRecord, WorkFailed, ran_out
 from hermetic.extensions.certificate import ModuleBuild, certificate, read_certificate
 from hermetic.extensions.context import BuildContext
 from hermetic.extensions.job import BuiltModule, ModuleJob
@@ -243,5 +243,5 @@ def _link(ctx: BuildContext, job: ModuleJob) -> str:
                            limits=Limits(limits.cpus, limits.nice, limits.address_space), on_line=lambda _line: None)
     if rc != 0:
         raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
-                         hint="see the linker's message above")
+                         hint=ran_out("\n".join(tail), limits.address_space) or "see the linker's message above")
     return ctx.store.put_blob_bytes(Path(plan.output).read_bytes())

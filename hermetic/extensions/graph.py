@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.errors import WorkFailed
+from hermetic.errors import WorkFailed, ran_out
 from hermetic.extensions.extension import cold_weight
 from hermetic.extensions.job import ModuleJob
 from hermetic.extensions.objects import Decision, producer_record
@@ -343,7 +343,8 @@ class Graph:
         raise WorkFailed(f"compiling {self.recipe.name} failed ({len(failed)} object"
                          f"{'s' if len(failed) != 1 else ''}: {names}):\n{self.report.get('error', '')}",
                          where=self.report.get("ninja_file"),
-                         hint=f"fix the compile error above; the {plural(kept, 'objects')} that compiled are kept"
+                         hint=ran_out(self.report.get("error", ""), self.recipe.limits.address_space)
+                         or f"fix the compile error above; the {plural(kept, 'objects')} that compiled are kept"
                               + (f" ({len(undecided)} of another variant waited on a failed one)"
                                  if undecided else ""))
 

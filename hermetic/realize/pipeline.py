@@ -235,6 +235,8 @@ def validate(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
     recipe, variants, name = read_recipe(recipe_path, options.variant)
     root.ensure()
     limits = recipe.limits
+    for warning in limits.warnings:   # CPUs of [limits] cpus this machine lacks
+        reporter.warn(warning)
     mode, set_by = resolve_mode(options.sandbox, limits.sandbox,
                                 recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
     lock_folder = lock_dir(None)

@@ -178,6 +178,8 @@ def validate(root: Root, runner_path: Path, reporter: Reporter, options: RunOpti
         raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
                        hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
     root.ensure()
+    for warning in spec.warnings:   # CPUs of cpus this machine lacks
+        reporter.warn(warning)
     ldir = lock_dir(spec.lock_dir if kind == "gpu" else None)
     audit = _audit(root, ldir)
     from hermetic.realize.pipeline import say_sandbox

@@ -64,6 +64,7 @@ class DeviceSpec:
     memory: int = 8 << 30                 # resident-memory guard over the worker's process tree
     address_space: int | None = None      # CPU runs only (CUDA's mappings need more than any sane limit)
     sandbox: str | None = None            # the measuring process's: auto, required or off; None: not set here
+    warnings: tuple[str, ...] = ()        # what the run says of these limits (CPUs of cpus this machine lacks)
     # gpu only
     lock_timeout: float = 3600.0
     lock_dir: str | None = None
@@ -259,11 +260,12 @@ def _device(doc: TomlDoc, folder: Path, data: dict[str, Any], kind: str, modules
                            hint=f"one of: {', '.join(modules)}")
     threads = int(_number(doc, t, "threads", kp, 1, 1024, 1))
     cpus_text = get_key(doc, t, "cpus", str, kp)
-    cpus = usable_cpus(doc, cpus_text, (*kp, "cpus")) if cpus_text else None
+    cpus, warnings = usable_cpus(doc, cpus_text, (*kp, "cpus")) if cpus_text else (None, ())
     nice = int(_number(doc, t, "nice", kp, 0, 19, 0))
     mem_text = get_key(doc, t, "memory", str, kp)
     memory = size_bytes(doc, mem_text, (*kp, "memory")) if mem_text else 8 << 30
-    spec = DeviceSpec(kind, realize, kernels, threads, cpus, nice, memory, sandbox=sandbox_mode(doc, t, kp))
+    spec = DeviceSpec(kind, realize, kernels, threads, cpus, nice, memory, sandbox=sandbox_mode(doc, t, kp),
+                      warnings=warnings)
     if kind == "cpu":
         as_text = get_key(doc, t, "address_space", str, kp)
         return replace(spec, address_space=size_bytes(doc, as_text, (*kp, "address_space")) if as_text else None)

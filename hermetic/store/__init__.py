@@ -20,6 +20,8 @@ The rest of the package: ``trees`` (trees of hard links to blobs, profiles), ``r
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import stat
@@ -29,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from hermetic import fs
 from hermetic.errors import BadInput, BadRecord, WorkFailed
+from hermetic.root import Root, not_a_folder, refuse_folders
 
 if TYPE_CHECKING:  # the record types: not imported at run time, so a no-op realize never creates them
     from hermetic.store.records import (
@@ -56,13 +59,14 @@ def blob_ref(blob: str) -> str:
 
 
 def split_refs(refs: list[str] | set[str]) -> tuple[list[str], list[str]]:
-    """(entry names, blob names) of a list of references; anything else is ignored (a newer kind)."""
+    """(entry names, blob names) of a list of references; anything else is ignored (a newer kind, or a name no
+    entry or blob has, which could only be a path: never followed)."""
     entries, blobs = [], []
     for ref in refs:
         kind, _, name = ref.partition(":")
-        if name and kind == "entry":
+        if kind == "entry" and is_entry_name(name):
             entries.append(name)
-        elif name and kind == "blob":
+        elif kind == "blob" and is_blob_name(name):
             blobs.append(name)
     return entries, blobs
 
@@ -166,6 +170,15 @@ def hash_regular(path: Path | str) -> tuple[str, int]:
         os.close(fd)
 
 
+def layout_problems(root: Root, store: Store, *, readable: bool = False) -> list[tuple[Path, str]]:
+    """Every folder of the root's and the store's own that is no real folder (``Root.folder_problems``,
+    ``Store.folder_problems``), parents first: (path, what stands there)."""
+    found = root.folder_problems()
+    if not any(p == store.path for p, _w in found):
+        found += [(p, w) for p, w in store.folder_problems(readable=readable) if p != store.path]
+    return sorted(found)
+
+
 class Store:
     def __init__(self, path: Path, *, durable: bool | None = None, read_only: bool = False) -> None:
         """``read_only``: a plan's view (``realize --dry-run``): ``use`` and ``use_blob`` only look (nothing is
@@ -190,8 +203,11 @@ class Store:
             raise RuntimeError(f"{what} in a read-only view of the store {self.path}")
 
     # opening ---------------------------------------------------------------
-    def open(self) -> Store:
-        """The store's format checked; a store made where there is none (a read-only view stays without)."""
+    def open(self, *, check: bool = True) -> Store:
+        """Ready the store for use: its format checked, a store made where there is none (a read-only view
+        stays without); ``check``: refuse (exit 2) when one of its own folders is no real folder
+        (``folder_problems``): nothing is ever written or deleted through a link there. verify and show look
+        without it, to report what they find."""
         fmt = self.path / "FORMAT"
         if os.path.lexists(fmt):
             try:
@@ -207,7 +223,44 @@ class Store:
             for d in (self.blobs, self.entries, self.locks, self.tmp, self.trash, self.temproots_dir):
                 d.mkdir(parents=True, exist_ok=True)
             fs.atomic_write(fmt, f"hermetic-store {STORE_FORMAT}\n".encode())
+        if check:
+            refuse_folders(self.folder_problems())
         return self
+
+    OWN = ("blobs", "entries", "locks", "tmp", "trash", "temproots", "index")
+
+    def folder_problems(self, *, readable: bool = False) -> list[tuple[Path, str]]:
+        """The store's own folders (the store itself, ``OWN``, and the blob folders ``blobs/XY``) that are no real
+        folder: a symbolic link (never followed), a file, a FIFO; with ``readable``, also a blob folder this user
+        cannot list (mode 000). (path, what stands there) for each: verify reports them, repair makes each an
+        empty real folder again, gc and realize refuse to work through them. Read with lstat and the folder
+        listing's own file types: a few system calls."""
+        found = []
+        for path in (self.path, *(self.path / name for name in self.OWN)):
+            what = not_a_folder(path)
+            if what is not None:
+                found.append((path, what))
+        if any(p in (self.path, self.blobs) for p, _w in found):
+            return found
+        try:
+            shards = sorted(os.scandir(self.blobs), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            return found
+        for e in shards:
+            if len(e.name) != 2 or not set(e.name) <= _HEX:
+                continue   # a stray of no shard's name: a warning of scan_blobs, never hermetic's
+            path = self.blobs / e.name
+            what = None if e.is_dir(follow_symlinks=False) else not_a_folder(path)
+            if what is None and readable:
+                try:
+                    os.close(fs.open_dir(path))
+                except PermissionError:
+                    what = "a blob folder this user cannot read (its mode)"
+                except FileNotFoundError:
+                    continue
+            if what is not None:
+                found.append((path, what))
+        return found
 
     def exists(self) -> bool:
         return (self.path / "FORMAT").exists()
@@ -221,6 +274,19 @@ class Store:
     def gc_lock(self, *, exclusive: bool = False, timeout: float | None = None) -> fs.FileLock:
         return fs.FileLock(self.path / "gc.lock", shared=not exclusive, timeout=timeout,
                            what="the store's gc lock")
+
+    def work_dir(self, prefix: str) -> Path:
+        """A fresh folder of this process under ``tmp/`` (an import's staging; the caller removes it). It is
+        locked (flock) for the rest of the process, as temp roots are: gc spares a locked folder and removes
+        one whose lock is free (its process is gone). This process's temp root is made first, so that gc also
+        spares the folder, newer than it, in the instant before its lock is taken."""
+        _ = self.temproots
+        path = self.tmp / f"{prefix}{os.getpid()}-{os.urandom(4).hex()}"
+        os.mkdir(path)
+        fd = fs.open_dir(path)
+        _WORK_LOCKS.append(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows it yet (gc's probe may hold it for an instant)
+        return path
 
     def pin_entry(self, name: str) -> None:
         """Hold an entry alive for the rest of this process (a temp root gc reads; none in a read-only view)."""
@@ -272,9 +338,11 @@ class Store:
             os.fsync(fd)
             os.close(fd)
         while True:
-            dst.parent.mkdir(exist_ok=True)
+            shard = self._shard_fd(dst.parent.name)
             try:
-                os.replace(src, dst)  # over a stray link or FIFO at the blob's name too: the blob takes its place
+                # over a stray link or FIFO at the blob's name too: the blob takes its place; by name in the
+                # shard's own descriptor, so never into a folder a link at the shard's name points at
+                os.replace(src, dst.name, dst_dir_fd=shard)
                 return dst
             except FileNotFoundError:  # drop_blob removed the empty shard folder in between: make it again
                 if not src.exists():
@@ -282,6 +350,29 @@ class Store:
             except IsADirectoryError:
                 raise WorkFailed(f"a folder stands where the blob {dst.name} belongs", where=str(dst),
                                  hint="run `hermetic verify --repair`, which removes it") from None
+            finally:
+                os.close(shard)
+
+    def _shard_fd(self, shard: str) -> int:
+        """The blob folder ``blobs/<shard>`` opened as itself (``O_NOFOLLOW`` from the store down), made when
+        missing; a link, a file or a FIFO at its name (or at ``blobs``) is refused, exit 2 naming it."""
+        fd = -1
+        try:
+            fd = fs.open_dir(self.path)
+            for name in ("blobs", shard):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                inner = fs.open_dir(name, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except OSError as e:
+            if fd >= 0:
+                os.close(fd)
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                refuse_folders([(p, what) for p in (self.path, self.blobs, self.blobs / shard)
+                                if (what := not_a_folder(p)) is not None])
+            raise
+        return fd
 
     def put_blob_stream(self, stream: IO[bytes], executable: bool = False) -> tuple[str, int]:
         """Hash while copying to a temp file; publish as a blob unless it already exists."""
@@ -351,10 +442,16 @@ class Store:
             st = lstat_or_none(folder)
             if st is None:
                 continue
-            if not stat.S_ISDIR(st.st_mode) or len(shard) != 2 or not set(shard) <= _HEX:
+            if len(shard) != 2 or not set(shard) <= _HEX:
                 strays.append(Stray(folder, f"{describe(st.st_mode)} where only blob folders belong", False))
                 continue
-            for name in list_names(folder):
+            if not stat.S_ISDIR(st.st_mode):
+                continue   # no folder at a blob folder's name: one of folder_problems, never followed
+            try:
+                names = list_names(folder)
+            except PermissionError:
+                continue   # a blob folder this user cannot read: folder_problems(readable=True) says it
+            for name in names:
                 path = folder / name
                 st = lstat_or_none(path)
                 if st is None:
@@ -529,6 +626,8 @@ class Staging:
         store.tmp.mkdir(parents=True, exist_ok=True)
         self.path = store.tmp / f"entry-{name}.{os.getpid()}.{os.urandom(4).hex()}"
         self.path.mkdir()
+        self._lock: int | None = fs.open_dir(self.path)   # gc spares a staging folder its process holds locked
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         self.record: EntryRecord | None = None       # the builder sets it; publish writes it as meta.json
         self.readonly_dirs: list[str] | None = None  # set when the builder knows its folders: no walk needed
         self._staged_blobs: list[tuple[Path, str, bool]] = []
@@ -596,10 +695,19 @@ class Staging:
         if self.store.durable:
             fs.fsync_dir(self.store.entries)
         self._published = True
+        self._unlock()
 
     def discard(self) -> None:
-        if not self._published and self.path.exists():
-            fs.remove_tree(self.path)
+        try:
+            if not self._published and self.path.exists():
+                fs.remove_tree(self.path)
+        finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
 
 class TempRoots:
@@ -632,6 +740,7 @@ class TempRoots:
         return self.created
 
 
+_WORK_LOCKS: list[int] = []   # the locks of this process's work folders (``Store.work_dir``)
 CREATED = "created:"   # the first line of a temp-roots file: its ctime before anything was written to it
 _OPEN_TEMPROOTS: dict[Path, TempRoots] = {}
 
@@ -640,6 +749,8 @@ def _process_temproots(directory: Path) -> TempRoots:
     """One temp-roots file per store per process, shared by every Store object opened on it."""
     key = directory.resolve()
     if key not in _OPEN_TEMPROOTS:
+        # the first pin of this process: its file goes in the store's own folder, never through a link there
+        refuse_folders([(p, what) for p in (directory.parent, directory) if (what := not_a_folder(p)) is not None])
         _OPEN_TEMPROOTS[key] = TempRoots(directory)
     return _OPEN_TEMPROOTS[key]
 
@@ -651,6 +762,16 @@ def release_temproots() -> None:
             tr.path.unlink()
         tr.lock.release()
     _OPEN_TEMPROOTS.clear()
+    while _WORK_LOCKS:
+        os.close(_WORK_LOCKS.pop())
+
+
+def inherit_pins() -> None:
+    """Let the program this process execs (``hermetic env RECIPE -- CMD``) inherit its temp roots' locks: what
+    it pinned stays alive until that program, and every child it hands the descriptor to, has exited."""
+    for tr in _OPEN_TEMPROOTS.values():
+        assert tr.lock.fd is not None
+        os.set_inheritable(tr.lock.fd, True)
 
 
 def _read_regular_text(path: Path) -> str:

@@ -11,10 +11,13 @@ archive (exit 2) and leaves the store as it was.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import io
 import json
 import os
 import re
+import stat
 import tarfile
 import time
 from collections.abc import Callable, Mapping
@@ -24,10 +27,21 @@ from typing import IO, Any, cast
 from hermetic import __version__, fs
 from hermetic.errors import BadInput, PreconditionFailed, WorkFailed
 from hermetic.reporter import Reporter
-from hermetic.root import Root
-from hermetic.store import ENTRY_META, Store, blob_name, blob_ref, provenance, split_blob_name, split_refs
+from hermetic.root import Root, refuse_folders
+from hermetic.store import (
+    ENTRY_META,
+    Store,
+    blob_name,
+    blob_ref,
+    describe,
+    lstat_or_none,
+    provenance,
+    split_blob_name,
+    split_refs,
+)
 from hermetic.store.admission import record_problem
-from hermetic.store.records import EntryRecord, entry_problem, files_of, read_checked, root_problem
+from hermetic.store.records import RECORD_LIMIT, EntryRecord, entry_problem, files_of, read_checked, root_problem
+from hermetic.store.roots import root_files as root_files_of
 from hermetic.store.roots import root_refs
 from hermetic.store.trees import build_tree, tree_entry_name
 
@@ -101,8 +115,9 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         raise BadInput(f"hermetic export would write {archive} inside the scratch root {root.path} ({target})",
                        where=str(archive), hint="everything under the root is hermetic's (gc --all removes it): "
                                                 "write the archive outside it, e.g. ./closure.tar.zst")
+    refuse_folders(root.folder_problems())   # roots/ and profiles/ read, never through a link
     wanted = set(names)
-    root_files = sorted(p for p in root.roots.glob("*.json") if not wanted or p.stem in wanted)
+    root_files = sorted(p for p in root_files_of(root.roots) if not wanted or p.stem in wanted)
     missing = wanted - {p.stem for p in root_files}
     if missing:
         raise BadInput(f"no root named {', '.join(sorted(missing))}", where="--name",
@@ -113,7 +128,7 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
         root_bytes: dict[Path, bytes] = {}
         for p in root_files:  # a root gc then drops still travels; a bad one is refused (docs/layout.md)
             record = read_checked(p, root_problem, "gc root")
-            root_bytes[p] = p.read_bytes()
+            root_bytes[p] = fs.read_regular(p, RECORD_LIMIT)
             refs.update(record["refs"])
         if not wanted:
             refs |= root_refs(root)
@@ -121,11 +136,12 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
     manifest: dict[str, Any] = {"format": ARCHIVE_FORMAT, "hermetic": __version__,
                                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                 "entries": {}, "blobs": {}, "roots": {}}
+    metas = {name: fs.read_regular(store.entry_path(name) / ENTRY_META, RECORD_LIMIT) for name in entries}
     for name in entries:
-        manifest["entries"][name] = fs.sha256_file(store.entry_path(name) / ENTRY_META)[0]
+        manifest["entries"][name] = fs.sha256_bytes(metas[name])
     total = 0
     for b in sorted(blobs):
-        size = os.lstat(store.blob_file(b)).st_size
+        size = _blob_size(store, b)
         manifest["blobs"][b] = size
         total += size
     order = stream_order(blobs, manifest["blobs"])
@@ -147,17 +163,16 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
                     tarfile.open(fileobj=zw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 _add_bytes(tar, "MANIFEST.json", fs.canonical_json(manifest))
                 for name in entries:
-                    _add_bytes(tar, f"entries/{name}/meta.json",
-                               (store.entry_path(name) / ENTRY_META).read_bytes())
+                    _add_bytes(tar, f"entries/{name}/meta.json", metas[name])
                 for p in root_files:
                     _add_bytes(tar, f"roots/{p.name}", root_bytes[p])
                 for b in order:
-                    path = store.blob_file(b)
                     info = tarfile.TarInfo(f"blobs/{b}")
                     info.size = manifest["blobs"][b]
                     info.mode = 0o555 if split_blob_name(b)[1] else 0o444
-                    with open(path, "rb") as f:
+                    with _BlobReader(store, b, info.size) as f:
                         tar.addfile(info, f)
+                        f.check()
                     task.advance(info.size)
         os.replace(tmp, archive)
     finally:
@@ -166,6 +181,76 @@ def export_closure(root: Root, archive: Path, *, names: list[str], reporter: Rep
             tmp.unlink()
     return {"entries": len(entries), "blobs": len(blobs), "bytes": total,
             "archive_bytes": archive.stat().st_size, "signed_by": key.name if key is not None else None}
+
+
+def _damaged(store: Store, blob: str, what: str) -> WorkFailed:
+    return WorkFailed(f"blob {blob} {what}: the store is damaged, so nothing was exported",
+                      where=str(store.blob_file(blob)),
+                      hint="run `hermetic verify --repair` (it removes the blob, which is fetched or built again), "
+                           "then export again")
+
+
+def _blob_size(store: Store, blob: str) -> int:
+    """A blob's size as its lstat says, once it is the store's own regular file (exit 1 naming it if not)."""
+    st = lstat_or_none(store.blob_file(blob))
+    if st is None:
+        raise _damaged(store, blob, "is missing")
+    if not stat.S_ISREG(st.st_mode):
+        raise _damaged(store, blob, f"is {describe(st.st_mode)}, not a file")
+    return st.st_size
+
+
+class _BlobReader:
+    """A blob read into the archive as the store's own regular file: opened without following a link or waiting
+    on a FIFO, checked by fstat, and hashed while tarfile reads it. A blob of another size, or whose bytes do not
+    hash to its name, fails the export (exit 1, naming it): the archive never vouches for wrong bytes."""
+
+    def __init__(self, store: Store, blob: str, size: int) -> None:
+        self.store, self.blob, self.size = store, blob, size
+        path = store.blob_file(blob)
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise _damaged(store, blob, "is missing") from None
+        except PermissionError:
+            raise _damaged(store, blob, "cannot be read by this user (its mode)") from None
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise _damaged(store, blob, "is a symbolic link, not a file") from None
+        st = os.fstat(self.fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self.fd)
+            raise _damaged(store, blob, f"is {describe(st.st_mode)}, not a file")
+        if st.st_size != size:
+            os.close(self.fd)
+            raise _damaged(store, blob, f"holds {st.st_size} bytes where {size} were listed")
+        self.hash = hashlib.sha256()
+        self.read_bytes = 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes of the listed size, all of them unless the file ends first (then exit 1)."""
+        want = self.size - self.read_bytes if n < 0 else min(n, self.size - self.read_bytes)
+        parts = []
+        while want > 0:
+            chunk = os.read(self.fd, want)
+            if not chunk:   # shorter than its lstat said (it changed while read)
+                raise _damaged(self.store, self.blob, f"ended after {self.read_bytes} of its {self.size} bytes")
+            parts.append(chunk)
+            self.hash.update(chunk)
+            self.read_bytes += len(chunk)
+            want -= len(chunk)
+        return b"".join(parts)
+
+    def check(self) -> None:
+        if self.hash.hexdigest() != split_blob_name(self.blob)[0]:
+            raise _damaged(self.store, self.blob, f"hashes to {self.hash.hexdigest()[:16]}…, not to its name")
+
+    def __enter__(self) -> _BlobReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -190,8 +275,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
     keys = provenance.trusted_keys() if trusted is None else trusted
     root.ensure()
     store = Store(root.store).open()
-    staging = store.tmp / f"import-{os.getpid()}-{time.time_ns()}"
-    staging.mkdir(parents=True)
+    staging = store.work_dir("import-")   # locked while this process lives: gc spares it
     try:
         with open(archive, "rb") as raw:
             dctx = zstandard.ZstdDecompressor(max_window_size=1 << 27)

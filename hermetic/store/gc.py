@@ -6,16 +6,18 @@ mid-gc leaves garbage, never a half-deleted valid entry.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hermetic import fs
 from hermetic.errors import BadRecord, PreconditionFailed
-from hermetic.root import CACHES, Root
-from hermetic.store import Store, blob_name, live_temproots, split_refs
+from hermetic.root import CACHES, Root, refuse_folders
+from hermetic.store import Store, blob_name, layout_problems, list_names, live_temproots, split_refs
 from hermetic.store.records import files_of
-from hermetic.store.roots import drop_root, root_refs
+from hermetic.store.roots import drop_root, recipe_names, root_refs
 
 
 @dataclass
@@ -27,6 +29,7 @@ class GcPlan:
     garbage: list[Path] = field(default_factory=list)  # tmp/ and trash/ leftovers of dead processes
     damaged: dict[str, str] = field(default_factory=dict)  # reachable entries whose record cannot be read
     kept_unprovable: list[str] = field(default_factory=list)  # unreached entries a damaged record may name
+    dropped: list[str] = field(default_factory=list)   # the roots and profiles --drop-root forgot (or would)
 
     @property
     def blobs_unprovable(self) -> bool:
@@ -98,31 +101,70 @@ def plan(root: Root, store: Store, dropped: set[str]) -> GcPlan:
 
 
 def _without_blobs(root: Root, store: Store, result: GcPlan, oldest_live: int | None) -> GcPlan:
-    """The rest of the plan: leftovers in tmp/ and trash/, old cache folders."""
+    """The rest of the plan: leftovers in tmp/ and trash/, old cache folders. A folder a live process holds
+    locked (an import's staging: ``Store.work_dir``; an entry's staging) is never garbage, nor anything newer
+    than the oldest live process (one about to lock it)."""
     for folder in (store.tmp, store.trash):
-        if folder.exists():
-            for p in folder.iterdir():
-                if oldest_live is None or os.lstat(p).st_ctime_ns < oldest_live:
-                    result.garbage.append(p)
+        for name, st, held in _leftovers(folder):
+            if not held and (oldest_live is None or st.st_ctime_ns < oldest_live):
+                result.garbage.append(folder / name)
     result.garbage += stale_caches(root)
     return result
 
 
+def _leftovers(folder: Path) -> list[tuple[str, os.stat_result, bool]]:
+    """What ``folder`` holds, read through its own descriptor (``O_NOFOLLOW``: a link at its name lists
+    nothing), each with its lstat and whether a live process holds it locked."""
+    try:
+        fd = fs.open_dir(folder)
+    except (FileNotFoundError, NotADirectoryError, OSError):
+        return []
+    found = []
+    try:
+        for name in sorted(os.listdir(fd)):
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            found.append((name, st, stat.S_ISDIR(st.st_mode) and _held(name, fd)))
+    finally:
+        os.close(fd)
+    return found
+
+
+def _held(name: str, parent: int) -> bool:
+    """Whether a live process holds the folder ``name`` locked (flock)."""
+    try:
+        fd = fs.open_dir(name, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)   # closing drops the probe's lock
+
+
 def stale_caches(root: Root) -> list[Path]:
     """Folders under state/ that no bucket of root.CACHES names: an earlier format of a derived cache."""
-    if not root.state.exists():
-        return []
     current = {c.folder for c in CACHES.values()}
-    return sorted(p for p in root.state.iterdir() if p.name not in current)
+    return [root.state / name for name, _st, _held in _leftovers(root.state) if name not in current]
 
 
 def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600) -> tuple[GcPlan, int]:
     store = Store(root.store)
     if not store.exists():
         return GcPlan(), 0
+    # nothing is deleted through a link where the root's or the store's own folder belongs (store/trash linked
+    # to a folder of the user's would have it emptied): refused, exit 2, as for a root that cannot be read
+    refuse_folders(layout_problems(root, store, readable=True))
     store.open()
     with store.gc_lock(exclusive=True, timeout=timeout):
+        dropped = recipe_names(root, dropped) if dropped else dropped   # its toolchain and variants too
         p = plan(root, store, dropped)
+        p.dropped = sorted(dropped)
         if dry_run:
             return p, sum(_size(store.entry_path(e)) for e in p.dead_entries) + \
                 sum(os.lstat(b).st_size for b in p.dead_blobs)
@@ -145,16 +187,20 @@ def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 60
 
 
 def _prune_index(store: Store) -> None:
-    """Drop object-index links whose entry is gone (a stale link is only a miss, but it costs a lookup)."""
+    """Drop object-index links whose entry is gone (a stale link is only a miss, but it costs a lookup). Its
+    folders are listed with lstat (``list_names``): a link where one belongs is never followed."""
     index = store.path / "index"
-    if not index.exists():
-        return
-    for link in index.glob("*/*/*"):
-        if link.is_symlink() and not link.exists():
-            link.unlink()
-    for folder in sorted(index.glob("*/*"), reverse=True):
+    for shard in list_names(index):
+        for key in list_names(index / shard):
+            folder = index / shard / key
+            for name in list_names(folder):
+                link = folder / name
+                if link.is_symlink() and not link.exists():
+                    link.unlink()
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only empty ones go
         with contextlib.suppress(OSError):
-            folder.rmdir()  # only empty ones go
+            (index / shard).rmdir()
 
 
 def check_remove_all(root: Root) -> bool:

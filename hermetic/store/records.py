@@ -184,12 +184,19 @@ class ReceiptHead(TypedDict):
 # says why a value read back is not a record of its type, or None. A record that fails is *bad*, and each
 # command treats a bad record as docs/layout.md's table says ("A bad record: one rule for every command").
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# a reference a record holds: an entry's name (store.entry_name: 32 hex digits, a dash, a label of safe
+# characters) or a blob's (its sha256, an x for an executable); nothing else, so never a path (``../``)
+_REF = re.compile(r"^(?:entry:[0-9a-f]{32}-[A-Za-z0-9._+-]+|blob:[0-9a-f]{64}x?)$")
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
 RECORD_LIMIT = 256 << 20   # no record of this store is near it (the largest, a toolchain tree's, is a few MB)
 
 
 def _is_str_list(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_ref_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) and _REF.match(v) for v in value)
 
 
 def _is_str_map(value: object, *, values: tuple[type, ...] = (str,)) -> bool:
@@ -230,7 +237,7 @@ def _is_host(value: object) -> bool:
 
 
 _COMMON: dict[str, Callable[[object], bool]] = {
-    "format": _is_int, "name": lambda v: isinstance(v, str), "refs": _is_str_list}
+    "format": _is_int, "name": lambda v: isinstance(v, str), "refs": _is_ref_list}
 _FIELDS: dict[str, dict[str, Callable[[object], bool]]] = {
     "unpacked": {"wheel": _is_sha, "filename": lambda v: isinstance(v, str), "files": _is_file_map},
     "tree": {"label": lambda v: isinstance(v, str), "files": _is_file_map, "links": _is_str_map},
@@ -291,7 +298,7 @@ def root_problem(record: object) -> str | None:
         return f"it is a JSON {type(record).__name__}, not an object"
     return _missing(record, {"format": _is_int, "name": lambda v: isinstance(v, str) and bool(v),
                              "recipe": lambda v: isinstance(v, str), "profile": lambda v: isinstance(v, str),
-                             "refs": _is_str_list})
+                             "refs": _is_ref_list})
 
 
 def receipt_problem(record: object) -> str | None:
@@ -301,7 +308,7 @@ def receipt_problem(record: object) -> str | None:
     why = _missing(record, {"format": _is_int, "kind": lambda v: v in ("realize", "run")})
     if why is not None:
         return why
-    if "refs" in record and not _is_str_list(record["refs"]):
+    if "refs" in record and not _is_ref_list(record["refs"]):
         return f"its 'refs' is malformed ({_short(record['refs'])})"
     if record["kind"] == "realize" and not (isinstance(record.get("recipe"), dict)
                                             and isinstance(record["recipe"].get("name"), str)):

@@ -92,6 +92,32 @@ def root_name(record: dict[str, object], path: Path) -> str:
     return path.stem
 
 
+def recipe_names(root: Root, names: set[str]) -> set[str]:
+    """What ``gc --drop-root NAME`` forgets of a recipe: ``NAME``, its toolchain's profile ``NAME.toolchain``
+    and its variants ``NAME.<variant>`` (a root of that name whose recipe is the file NAME's own root or realize
+    receipts name: a recipe of another file called ``NAME.x`` is left alone)."""
+    found = set(names)
+    for name in names:
+        paths: set[str] = set()
+        with contextlib.suppress(OSError, BadRecord):
+            paths.add(read_root(root.roots / f"{name}.json")["recipe"])
+        for p in root_files(root.receipts):
+            with contextlib.suppress(OSError, BadRecord):
+                record = read_receipt(p)
+                recipe = record.get("recipe")
+                if record["kind"] == "realize" and isinstance(recipe, dict) and recipe.get("name") == name \
+                        and isinstance(recipe.get("path"), str):
+                    paths.add(recipe["path"])
+        found.add(f"{name}.toolchain")
+        for p in root_files(root.roots):
+            if not p.stem.startswith(f"{name}.") or p.stem in found:
+                continue
+            with contextlib.suppress(OSError, BadRecord):
+                if read_root(p)["recipe"] in paths:
+                    found.add(p.stem)
+    return found
+
+
 def drop_root(root: Root, name: str) -> None:
     """Forget a root: its roots/ record, its profile and its realize receipts (never run results); a receipt
     that cannot be read goes when its file name says it is this recipe's."""

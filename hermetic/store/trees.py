@@ -11,14 +11,15 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import stat
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.errors import BadInput, WorkFailed
-from hermetic.store import STORE_FORMAT, Store, entry_name
+from hermetic.errors import BadInput, BadRecord, WorkFailed
+from hermetic.store import STORE_FORMAT, Store, describe, entry_name, is_entry_name
 from hermetic.store.records import FileMap, SourceOrigin
 
 TREE_VERSION = 1
@@ -208,8 +209,35 @@ def build_tree(store: Store, label: str, files: FileMap, links: Mapping[str, str
     return name, True
 
 
+def profile_entry(store: Store, link: Path) -> tuple[str | None, str | None]:
+    """(the entry the profile ``link`` names, why it is no profile). A profile is a symbolic link to an entry's
+    ``out/`` folder in this store's ``entries/``; anything else (a folder, a file, a link out of the store) is a
+    bad record (docs/layout.md). (None, None) when nothing is there. Read with lstat and readlink: never
+    followed."""
+    try:
+        st = os.lstat(link)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    if not stat.S_ISLNK(st.st_mode):
+        return None, f"is {describe(st.st_mode)}, not a link to an entry"
+    try:
+        target = Path(os.readlink(link))
+    except (FileNotFoundError, NotADirectoryError):
+        return None, None
+    entry = target.parent.name
+    if target.name != "out" or not is_entry_name(entry) or \
+            os.path.normpath(link.parent / target.parent.parent) != os.path.normpath(store.entries):
+        return None, f"points at {target}, which is no entry of this store"
+    return entry, None
+
+
 def set_profile(profiles: Path, name: str, store: Store, entry: str) -> Path:
     """Point ``profiles/<name>`` at an entry's out/ atomically; unchanged when it already does."""
     link = profiles / name
-    fs.atomic_symlink(os.path.relpath(store.entry_path(entry) / "out", profiles), link)
+    try:
+        fs.atomic_symlink(os.path.relpath(store.entry_path(entry) / "out", profiles), link)
+    except IsADirectoryError:   # a folder where the profile belongs: a bad record (docs/layout.md)
+        raise BadRecord("the profile is a folder, not a link to an entry: hermetic never writes over it",
+                        where=str(link), hint="run `hermetic verify --repair`, which removes it; then realize again") \
+            from None
     return link

@@ -41,7 +41,7 @@ from hermetic.store import (
     entry_ref,
     hash_regular,
     is_blob_name,
-    is_entry_name,
+    layout_problems,
     list_names,
     live_temproots,
     lstat_or_none,
@@ -49,6 +49,7 @@ from hermetic.store import (
 )
 from hermetic.store.records import RECORD_LIMIT, entry_problem, read_checked
 from hermetic.store.roots import read_receipt, read_root, root_files
+from hermetic.store.trees import profile_entry
 
 Identity = tuple[int, int]   # (st_dev, st_ino): the same file, whatever happened to its links and mode
 
@@ -80,6 +81,21 @@ def _identity(st: os.stat_result) -> Identity:
 
 def verify(store: Store, root: Root) -> VerifyReport:
     report = VerifyReport()
+    folders = layout_problems(root, store, readable=True)
+    report.problems += [Problem("folder", str(p), f"is {what} where hermetic's own folder belongs (never followed)")
+                        for p, what in folders]
+    bad = {p for p, _w in folders}
+    if store.path not in bad and store.exists():
+        _check_store(store, report)
+    report.problems += _check_roots(root)
+    report.problems += _check_profiles(store, root)
+    report.problems += _check_caches(root)
+    if root.home not in bad:
+        report.problems += _check_bytecode(root)
+    return report
+
+
+def _check_store(store: Store, report: VerifyReport) -> None:
     with store.gc_lock():   # shared: no deletion while the pass runs; realizes publish on beside it
         entries, entry_strays = store.scan_entries()   # entries first: their blobs were published before them
         blobs, blob_strays = store.scan_blobs()
@@ -102,11 +118,6 @@ def verify(store: Store, root: Root) -> VerifyReport:
             report.problems += _entry_still_bad(store, name, report.seen_entries[name], bad_blobs, found)
         for stray in [*blob_strays, *entry_strays]:
             _stray(report, store, stray)
-    report.problems += _check_roots(root)
-    report.problems += _check_profiles(store, root)
-    report.problems += _check_caches(root)
-    report.problems += _check_bytecode(root)
-    return report
 
 
 # blobs ------------------------------------------------------------------------------------------------
@@ -128,6 +139,8 @@ def _blob_problem(path: Path, digest: str, st: os.stat_result, report: VerifyRep
         return f"is {describe(e.mode)}, not a file"
     except FileNotFoundError:
         return "is missing"
+    except PermissionError:
+        return "cannot be read by this user (its mode)"
     if report is not None:
         report.bytes += size
     if actual != digest:
@@ -164,7 +177,10 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int] | 
     def blob_inode(digest: str, executable: bool) -> int | None:
         if inodes is not None:
             return inodes.get((digest, executable))
-        st = lstat_or_none(store.blob_text(digest, executable))
+        try:
+            st = lstat_or_none(store.blob_text(digest, executable))
+        except PermissionError:   # a blob folder this user cannot search: a 'folder' problem of its own
+            return None
         return st.st_ino if st is not None and stat.S_ISREG(st.st_mode) else None
 
     files = {p: (d, bool(x)) for p, (d, x) in meta.get("files", {}).items()}
@@ -277,22 +293,12 @@ def _check_profiles(store: Store, root: Root) -> list[Problem]:
 
 
 def _profile_problem(store: Store, link: Path) -> str | None:
-    st = lstat_or_none(link)
-    if st is None:
-        return None  # dropped meanwhile (gc --drop-root)
-    if not stat.S_ISLNK(st.st_mode):
-        return f"is {describe(st.st_mode)}, not a link to an entry"
-    try:
-        target = Path(os.readlink(link))
-    except OSError:
-        return None
-    entry = target.parent.name
-    if target.name != "out" or not is_entry_name(entry) or \
-            os.path.normpath(link.parent / target.parent.parent) != os.path.normpath(store.entries):
-        return f"points at {target}, which is no entry of this store"
-    if not store.has_entry(entry):
+    entry, why = profile_entry(store, link)
+    if why is not None:
+        return why
+    if entry is not None and not store.has_entry(entry):
         return "points at a missing entry"
-    return None
+    return None   # sound, or dropped meanwhile (gc --drop-root)
 
 
 def _check_caches(root: Root) -> list[Problem]:
@@ -368,6 +374,7 @@ def _check_bytecode(root: Root) -> list[Problem]:
 # repair -----------------------------------------------------------------------------------------------
 @dataclass
 class Repaired:
+    healed: list[str] = field(default_factory=list)     # folders of the root's and the store's own, made again
     removed: list[str] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)     # pinned by another process: left
     changed: list[str] = field(default_factory=list)    # no longer what verify saw (published again): left
@@ -381,7 +388,15 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
     by_kind: dict[str, set[str]] = {}
     for p in report.problems:
         by_kind.setdefault(p.kind, set()).add(p.name)
+    folders = sorted(by_kind.get("folder", ()))   # parents first
+    inside = [f for f in folders if Path(f).is_relative_to(store.path) and Path(f) != store.path]
+    for spath in folders:   # the root's own first: the gc lock lives in the store folder
+        if spath not in inside and _heal_folder(Path(spath)):
+            done.healed.append(spath)
     with store.gc_lock(exclusive=True, timeout=timeout):
+        for spath in inside:
+            if _heal_folder(Path(spath)):
+                done.healed.append(spath)
         pinned, _oldest = live_temproots(store)
         for name in sorted(by_kind.get("blob", ())):
             path = store.blob_file(name)
@@ -402,6 +417,24 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
     if by_kind.get("bytecode") and root.clear_pycache():
         done.removed.append(str(root.pycache))
     return done
+
+
+def _heal_folder(path: Path) -> bool:
+    """Make ``path`` one of hermetic's own folders again: a link, a file or a FIFO there is renamed aside and
+    removed (never followed: what a link points at is left as it is), and an empty folder made in its place; a
+    folder this user cannot read gets its mode back. False when it is a sound folder by now."""
+    st = lstat_or_none(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        if stat.S_IMODE(st.st_mode) & 0o700 == 0o700:
+            return False
+        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o755)
+        return True
+    if st is not None:
+        aside = path.with_name(f".{path.name}.damaged.{os.getpid()}.{os.urandom(3).hex()}")
+        os.replace(path, aside)
+        os.unlink(aside)
+    path.mkdir(parents=True, exist_ok=True)
+    return True
 
 
 def _remove(done: Repaired, path: Path, seen: Identity | None, pinned: bool, label: str,
