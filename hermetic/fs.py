@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hermetic.errors import PreconditionFailed
+from hermetic.errors import BadInput, PreconditionFailed
 
 CHUNK = 1 << 20
 Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
@@ -410,18 +410,70 @@ def atomic_symlink(target: str, link: Path) -> bool:
     return True
 
 
+_LOCK_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = False) -> int:
+    """A descriptor of the lock file ``path`` (created 0644 when missing), opened without following a symlink at
+    its name and without blocking on a FIFO or a device; for anything but a regular file (of one link, with
+    ``single_link``: a lock hermetic writes in a folder other users share), BadInput (exit 2) naming it.
+    Nothing has been read or written through it. An existing file is opened without
+    O_CREAT (which the kernel's protected_regular refuses on another user's file in a sticky folder), a missing
+    one created with O_EXCL (never through a dangling link)."""
+    try:
+        while True:
+            try:
+                fd = os.open(path, _LOCK_OPEN)
+                break
+            except FileNotFoundError:
+                try:
+                    fd = os.open(path, _LOCK_OPEN | os.O_CREAT | os.O_EXCL, 0o644)
+                    break
+                except FileExistsError:
+                    continue   # made meanwhile by another process (or a link is there): open it as it is
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        try:
+            why = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            why = "a symbolic link"
+        raise _refused(path, what, why) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(path, what, _kind(st.st_mode))
+        if single_link and st.st_nlink != 1:
+            raise _refused(path, what, f"a file of {st.st_nlink} hard links (another name of some other file)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refused(path: Path, what: str, why: str) -> BadInput:
+    return BadInput(f"the lock file of {what} is {why}, not a lock file: hermetic does not open it for writing",
+                    where=str(path), hint="someone may have planted it, in a lock folder other users share: remove "
+                                          "it (`ls -l` shows its owner), or choose another lock folder "
+                                          "(HERMETIC_LOCK_DIR)")
+
+
 class FileLock:
     """An flock on a lock file, exclusive or shared, with a wait limit and a clear timeout error."""
 
     def __init__(self, path: Path, *, shared: bool = False, timeout: float | None = None,
-                 what: str = "the store") -> None:
+                 what: str = "the store", single_link: bool = False) -> None:
         self.path, self.shared, self.timeout, self.what = path, shared, timeout, what
+        self.single_link = single_link   # a lock of a shared folder, written by ``note``: never a hard link
         self.fd: int | None = None
 
     def acquire(self, *, blocking: bool = True, on_wait: Callable[[float], None] | None = None) -> bool:
-        """Take the lock; ``on_wait(seconds waited)`` is called about twice a second while another holds it."""
+        """Take the lock; ``on_wait(seconds waited)`` is called about twice a second while another holds it.
+        The lock file is opened without following a symlink and must be a regular file, of one link with
+        ``single_link`` (``open_lock_file``: BadInput, exit 2, for anything else): a lock folder may be shared
+        with other users, and a link planted there must never lead hermetic's writes (``note``) elsewhere."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.path, self.what, single_link=self.single_link)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         started = time.monotonic()
         deadline = None if self.timeout is None else started + self.timeout
@@ -465,7 +517,7 @@ class FileLock:
         """Whether the file locked through ``fd`` is still the one at the path: its holder may have removed
         it (``remove``) while this process waited, and a lock on a removed file excludes nobody."""
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             return False
         mine = os.fstat(fd)
@@ -473,7 +525,7 @@ class FileLock:
 
     def _reopen(self, fd: int) -> int:
         os.close(fd)
-        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return open_lock_file(self.path, self.what, single_link=self.single_link)
 
     def remove(self) -> None:
         """Unlink the lock file while holding it (before ``release``): a waiter wakes on the removed file,
@@ -489,6 +541,15 @@ class FileLock:
         data = text.encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
+
+    def share_with_everyone(self) -> None:
+        """Let every user take this lock later (a machine-wide lock folder): mode 0666 through the held
+        descriptor, and only on a file this user owns (never another user's, never through a link)."""
+        assert self.fd is not None, "share_with_everyone() on a lock not held"
+        st = os.fstat(self.fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o666:
+            with contextlib.suppress(OSError):
+                os.fchmod(self.fd, 0o666)
 
     def release(self) -> None:
         if self.fd is not None:
