@@ -64,8 +64,25 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     return 0
 
 
+# a root's name is a recipe's (and a variant's) name: the characters of an entry's name, never a path
+_ROOT_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+ROOT_NAME_MAX = 200
+
+
+def check_root_name(name: str, where: str) -> None:
+    """A root name given on the command line (``gc --drop-root NAME``): letters, digits, '.', '_' and '-', not
+    '.' or '..'; anything else (a path, above all) is bad input (exit 2), so that it never names a file
+    outside roots/ and profiles/."""
+    if not name or len(name) > ROOT_NAME_MAX or not set(name) <= _ROOT_NAME_CHARS or name in (".", ".."):
+        raise BadInput(f"{name!r} is not a root's name", where=where,
+                       hint="a root is named by its recipe (and variant: NAME.VARIANT): letters, digits, '.', '_' "
+                            "and '-'; `hermetic show` lists the roots")
+
+
 def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store import gc
+    for name in args.drop_root:
+        check_root_name(name, "--drop-root")
     if args.all:
         if args.dry_run:
             gc.check_remove_all(root)
@@ -252,6 +269,9 @@ def _shell_quote(v: str) -> str:
 
 def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store.archive import export_closure
+    if os.path.isdir(args.archive):   # said now, by the name the user gave (not the temp file's beside it)
+        raise BadInput(f"the output {args.archive} is a folder: export writes one archive file",
+                       where=str(args.archive), hint=f"name a file, e.g. {Path(args.archive) / 'closure.tar.zst'}")
     stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level,
                            sign=args.sign)
     reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "
