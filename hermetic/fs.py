@@ -593,16 +593,25 @@ def scratch_dir(directory: Path, prefix: str) -> Iterator[Path]:
 _PROCESS_SCRATCH: dict[str, Path] = {}
 
 
+SCRATCH_MARKER = ".hermetic-scratch"
+SCRATCH_MARKER_TEXT = b"made by hermetic for one process; removed at its exit, or by the next command once free\n"
+
+
 def process_scratch_dir(prefix: str) -> Path:
     """A folder of the system's temp folder for the rest of this process (made on first use, removed with
-    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It is
-    locked (flock on the folder) while this process lives: one left by a process killed with kill -9 has its
-    lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
+    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It holds
+    hermetic's marker (``SCRATCH_MARKER``) and is locked (flock on the folder) while this process lives: one left
+    by a process killed with kill -9 has its lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
     if prefix not in _PROCESS_SCRATCH:
         import atexit
         sweep_scratch_dirs(prefix)
         fresh = Path(tempfile.mkdtemp(prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
-        fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_dir(fresh)
+        marker = os.open(SCRATCH_MARKER, _NEW_FILE, 0o444, dir_fd=fd)
+        try:
+            os.write(marker, SCRATCH_MARKER_TEXT)
+        finally:
+            os.close(marker)
         fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
         path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
         os.rename(fresh, path)
@@ -617,9 +626,24 @@ def _drop_scratch(path: Path, fd: int) -> None:
     os.close(fd)
 
 
+def _marked(dir_fd: int) -> bool:
+    """Whether the folder holds hermetic's scratch marker: a regular file of this user, with hermetic's words."""
+    try:
+        fd = os.open(SCRATCH_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and \
+            os.read(fd, len(SCRATCH_MARKER_TEXT) + 1) == SCRATCH_MARKER_TEXT
+    finally:
+        os.close(fd)
+
+
 def sweep_scratch_dirs(prefix: str) -> list[Path]:
-    """Remove this user's folders of ``prefix`` in the system's temp folder whose process is gone (their lock
-    is free: a process killed with kill -9 runs no exit handler). Returns what it removed."""
+    """Remove this user's folders of ``prefix`` in the system's temp folder that hermetic made (its marker is in
+    them) and whose process is gone (their lock is free: a process killed with kill -9 runs no exit handler).
+    A folder of that name without the marker is someone's own: never touched. Returns what it removed."""
     top = Path(tempfile.gettempdir())
     try:
         names = [n for n in os.listdir(top) if n.startswith(prefix)]
@@ -632,9 +656,12 @@ def sweep_scratch_dirs(prefix: str) -> list[Path]:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_dir(path)
         except OSError:
             continue
+        if not _marked(fd):
+            os.close(fd)
+            continue   # not hermetic's
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
