@@ -28,11 +28,11 @@ Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
 def sha256_file(path: Path | str, *, follow: bool = True) -> tuple[str, int]:
-    """(sha256, size) of a file's bytes; ``follow=False``: never through a symlink (ELOOP)."""
+    """(sha256, size) of a regular file's bytes (``open_regular``: a FIFO or a device is ``NotRegularFile``,
+    never a read that waits or never ends); ``follow=False``: never through a symlink either."""
     h = hashlib.sha256()
     size = 0
-    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    with open(os.open(path, flags), "rb") as f:
+    with open(open_regular(path, follow=follow), "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -173,21 +173,35 @@ class NotRegularFile(OSError):
     """``read_regular`` found something else at the path: a folder, a FIFO, a device, a symbolic link."""
 
 
-def read_regular(path: Path | str, limit: int) -> bytes:
-    """The bytes of a regular file, read without following a symbolic link at ``path`` and without blocking
-    on a FIFO or a device (opened O_NONBLOCK, then checked by fstat before a byte is read). OSError as open
-    raises it; ``NotRegularFile`` for anything but a regular file; ValueError when it holds more than
-    ``limit`` bytes."""
+def open_regular(path: Path | str, *, follow: bool = True) -> int:
+    """A read-only descriptor of a regular file: opened without blocking on a FIFO or a device and without
+    making a terminal ours (O_NONBLOCK, O_NOCTTY), then checked by fstat before a byte is read; with ``follow``
+    False, a symbolic link at ``path`` is not followed either. OSError as open raises it; ``NotRegularFile``
+    (its strerror says what it is: "a FIFO", "a character device", ...) for anything but a regular file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as e:
-        if e.errno == errno.ELOOP and os.path.islink(path):
+        if e.errno == errno.ELOOP and not follow and os.path.islink(path):
             raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", str(path))
+            raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind_of(st.st_mode)})", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path | str, limit: int, *, follow: bool = False) -> bytes:
+    """The bytes of a regular file, read without following a symbolic link at ``path`` (unless ``follow``) and
+    without blocking on a FIFO or a device (``open_regular``). OSError as open raises it; ``NotRegularFile``
+    for anything but a regular file; ValueError when it holds more than ``limit`` bytes."""
+    fd = open_regular(path, follow=follow)
+    try:
+        st = os.fstat(fd)
         if st.st_size > limit:
             raise ValueError(f"{path} holds {st.st_size} bytes, more than the {limit} a record may")
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -199,7 +213,8 @@ def read_regular(path: Path | str, limit: int) -> bytes:
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, in words: "a folder", "a FIFO", "a character device", ..."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISLNK, "a symbolic link")):
@@ -308,11 +323,9 @@ def open_dir(path: str | Path, *, dir_fd: int | None = None) -> int:
 def copy_file(src: str | Path, dst: str | Path, *, dst_dir_fd: int | None = None) -> None:
     """Bytes, permission bits and mtime (what ninja and the executable bit care about) into a new file ``dst``;
     neither ``src`` nor ``dst`` is read or written through a symlink (ELOOP), and ``dst`` must not exist."""
-    fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fin = open_regular(src, follow=False)   # a FIFO put in its place is refused, never waited on
     try:
         st = os.fstat(fin)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fsdecode(src))
         fout = os.open(dst, _NEW_FILE, 0o600, dir_fd=dst_dir_fd)
         try:
             while chunk := os.read(fin, CHUNK):
@@ -442,7 +455,7 @@ def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = Fals
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _refused(path, what, _kind(st.st_mode))
+            raise _refused(path, what, kind_of(st.st_mode))
         if single_link and st.st_nlink != 1:
             raise _refused(path, what, f"a file of {st.st_nlink} hard links (another name of some other file)")
     except BaseException:

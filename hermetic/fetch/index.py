@@ -29,6 +29,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from hermetic import fs
 from hermetic.fetch.pipconfig import PipConfig
 from hermetic.fetch.session import (
     TransferLimits,
@@ -140,7 +141,7 @@ class IndexClient:
                 return self._missing()
             page = root / project / "index.html"
             if page.is_file():
-                return _parse_html(page.read_text("utf-8", errors="replace"), page.resolve().as_uri())
+                return _parse_html(_local_page(page), page.resolve().as_uri())
             return _list_dir(root / project) if (root / project).is_dir() else []
         url = index.rstrip("/") + f"/{project}/"
         return self._retrying(url, lambda: self._read_page(url) or [])
@@ -152,7 +153,7 @@ class IndexClient:
         if path.is_dir():
             return _list_dir(path)
         if path.is_file():
-            return _parse_html(path.read_text(encoding="utf-8", errors="replace"), path.resolve().as_uri())
+            return _parse_html(_local_page(path), path.resolve().as_uri())
         return self._missing()
 
     def _missing(self) -> list[Candidate]:
@@ -221,6 +222,16 @@ def _parse_json(data: Any, page: str) -> list[Candidate]:
         size = f.get("size") if isinstance(f.get("size"), int) else None
         out.append(_candidate(page, f["url"], sha, size, bool(f.get("yanked", False))))
     return out
+
+
+def _local_page(path: Path) -> str:
+    """A local index page (find-links' HTML file): a regular file (never a FIFO that would hang the read), read up
+    to the cap of any index page."""
+    try:
+        data = fs.read_regular(path, MAX_PAGE_BYTES, follow=True)
+    except (OSError, ValueError) as e:
+        raise UnavailableError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    return data.decode("utf-8", errors="replace")
 
 
 def _list_dir(path: Path) -> list[Candidate]:
