@@ -34,6 +34,7 @@ from hermetic.fetch.session import (
     transient_errors,
     with_retries,
 )
+from hermetic.fetch.watchdog import Watchdog
 from hermetic.reporter import ProgressTask, Reporter
 from hermetic.urls import redact
 
@@ -124,11 +125,13 @@ class Fetcher:
             except OSError:
                 size = None
         elif size is None and url.split(":", 1)[0].lower() in ("http", "https"):
-            try:  # the response's headers only: its body is never read
-                resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
-                with resp:
-                    length = resp.headers.get("Content-Length", "")
-                    size = int(length) if resp.status_code < 400 and length.isdigit() else None
+            try:  # the response's headers only (under the deadline): its body is never read
+                with Watchdog(self.limits, filename):
+                    resp = http_get(self.session, url, self.config, stream=True,
+                                    headers={"Accept-Encoding": "identity"})
+                    with resp:
+                        length = resp.headers.get("Content-Length", "")
+                        size = int(length) if resp.status_code < 400 and length.isdigit() else None
             except (TransientError, UnavailableError):
                 size = None
         return Located(filename, size, redact(url))
@@ -224,7 +227,13 @@ class Fetcher:
     def _download_once(self, wheel: LockedWheel, url: str, filename: str, listed: int | None) -> Downloaded:
         """One GET under the transfer's deadline, never past the size the lock, the index (``listed``) or the
         server declares (the smallest), or the cap where none does."""
-        # identity: Content-Length and the locked hash are about the bytes of the file, not a gzip of them
+        # identity: Content-Length and the locked hash are about the bytes of the file, not a gzip of them; the
+        # deadline from the request on, its headers included (a server may send those a byte at a time too)
+        with Watchdog(self.limits, filename) as watchdog:
+            return self._download_watched(wheel, url, filename, listed, watchdog)
+
+    def _download_watched(self, wheel: LockedWheel, url: str, filename: str, listed: int | None,
+                          watchdog: Watchdog) -> Downloaded:
         resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
         with resp:
             if resp.status_code >= 400:
@@ -235,7 +244,7 @@ class Fetcher:
                 self._check_size(wheel, total, url, filename)
             declared = [n for n in (wheel.size, listed, total) if n is not None]
             cap = min(declared) if declared else self.limits.cap
-            body = read_body(resp, filename, self.limits, cap=cap)
+            body = read_body(resp, filename, self.limits, cap=cap, watchdog=watchdog)
             try:
                 return self._write(wheel, body, total, filename, url)
             except TooLarge as e:

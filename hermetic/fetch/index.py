@@ -41,6 +41,7 @@ from hermetic.fetch.session import (
     transient_errors,
     with_retries,
 )
+from hermetic.fetch.watchdog import Watchdog
 from hermetic.urls import file_url_path, redact, same_origin
 
 if TYPE_CHECKING:
@@ -163,7 +164,13 @@ class IndexClient:
         return []
 
     def _read_page(self, url: str) -> list[Candidate] | None:
-        """A project page over http(s); None for 404/410 ("no files here" is not an error)."""
+        """A project page over http(s); None for 404/410 ("no files here" is not an error). Under the transfer's
+        deadline from the request on (``Watchdog``: its headers too) and a cap: a page that never ends or
+        trickles holds nothing up."""
+        with Watchdog(self.limits, "the index page") as watchdog:
+            return self._read_page_watched(url, watchdog)
+
+    def _read_page_watched(self, url: str, watchdog: Watchdog) -> list[Candidate] | None:
         resp = http_get(self.session, url, self.config, stream=True, headers={"Accept": ACCEPT})
         with resp:
             if resp.status_code in (404, 410):
@@ -172,9 +179,9 @@ class IndexClient:
                 raise UnavailableError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
             ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
             base = _with_credentials_of(url, resp.url or url)
-            # under the transfer's deadline and a cap: a page that never ends or trickles holds nothing up
             try:
-                data = b"".join(read_body(resp, "the index page", self.limits, cap=MAX_PAGE_BYTES, decode=True))
+                data = b"".join(read_body(resp, "the index page", self.limits, cap=MAX_PAGE_BYTES, decode=True,
+                                          watchdog=watchdog))
             except transient_errors() as e:
                 raise TransientError(describe_error(e)) from None
             if ctype == JSON_TYPE:
