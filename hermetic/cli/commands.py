@@ -172,10 +172,16 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
     from hermetic.store.roots import read_root, root_files
     for p in root_files(root.roots):
         try:
-            recipe = Path(read_root(p)["recipe"])
+            record = read_root(p)
         except (FileNotFoundError, BadRecord):
             continue  # dropped meanwhile, or a bad root repair could not remove: verify says so again
-        if recipe.is_file():
+        recipe = Path(record["recipe"])
+        if "imported_from" in record:   # the exporter's path: no realize here wrote it, nobody vouches for it
+            reporter.warn(f"root {p.stem} came from an archive ({record['imported_from']}): its recipe path "
+                          f"{recipe} is the exporter's, so repair does not realize it; realize its recipe yourself "
+                          f"(hermetic realize RECIPE), which makes the root this machine's", root=p.stem,
+                          archive=record["imported_from"])
+        elif recipe.is_file():
             realize(root, recipe, reporter, remote=remote, offline=offline, sandbox=sandbox)
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
