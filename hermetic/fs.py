@@ -424,6 +424,7 @@ def atomic_symlink(target: str, link: Path) -> bool:
 
 
 _LOCK_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+LOCKS_OPENED: set[str] = set()   # every lock file this process opened (absolute): the audit leaves out only these
 
 
 def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = False) -> int:
@@ -461,6 +462,7 @@ def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = Fals
     except BaseException:
         os.close(fd)
         raise
+    LOCKS_OPENED.add(os.path.abspath(path))
     return fd
 
 
