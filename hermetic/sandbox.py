@@ -1,9 +1,10 @@
 """The sandbox: hermetic's children run where only the scratch root is writable.
 
-Where bubblewrap works (asked once per bwrap binary, kernel, user and root, the answer cached in the root's
-``state/sandbox-v1``), every child a realize, a run or ``verify`` starts goes through it (``procs.confined``):
-the probes of the interpreter and torch, ``patch``, ninja and every compiler under it, the linker, the import
-check, ``verify --rebuild-sample``'s compiles and the measuring process of ``hermetic run``::
+Where bubblewrap works (asked per bwrap binary, kernel, user, root and sandbox command line; a yes is cached in
+the root's ``state/sandbox-v1``, a no asked again by the next command), every child a realize, a run or
+``verify`` starts goes through it (``procs.confined``): the probes of the interpreter and torch, ``patch``,
+ninja and every compiler under it, the linker, the import check, ``verify --rebuild-sample``'s compiles and the
+measuring process of ``hermetic run``::
 
     bwrap --die-with-parent --unshare-pid --ro-bind / / --dev /dev --proc /proc
           --bind ROOT ROOT [--dev-bind-try /dev/nvidia... (GPU_DEVICES)] -- COMMAND
