@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ from hermetic.urls import redact_text
 
 if TYPE_CHECKING:
     import requests
+
+    from hermetic.fetch.watchdog import Watchdog
 
 MAX_AC_BYTES = 4 << 20      # an action entry is a list of digests: anything larger is not ours
 FAILURES_BEFORE_GIVING_UP = 5
@@ -55,8 +58,11 @@ class BazelHttpCache:
 
     def __init__(self, settings: RemoteSettings, reporter: Reporter) -> None:
         import requests
+
+        from hermetic.fetch import watched
         self.settings, self.reporter = settings, reporter
         self.session = requests.Session()
+        watched.mount(self.session)   # every request under its transfer's watchdog, headers included
         self.session.headers["User-Agent"] = "hermetic"
         if settings.auth is not None:
             self.session.auth = settings.auth
@@ -119,6 +125,11 @@ class BazelHttpCache:
         the store); None, and no file left, on a miss, a wrong body or any failure."""
         if not self.usable or not SHA256_RE.match(digest):
             return None
+        with self._watchdog(f"cas/{digest[:16]}…") as watchdog:
+            return self._get_cas_file(digest, directory, size, max_size, listed, watchdog)
+
+    def _get_cas_file(self, digest: str, directory: Path, size: int | None, max_size: int, listed: bool,
+                      watchdog: Watchdog) -> Path | None:
         resp = self._request("GET", f"cas/{digest}", listed=listed, stream=True)
         if resp is None or isinstance(resp, _Miss):
             return None
@@ -133,7 +144,8 @@ class BazelHttpCache:
         try:
             with resp:
                 try:  # under the whole-transfer deadline (a stall is a transport failure: a miss, a warning)
-                    body = read_body(resp, f"cas/{digest[:16]}…", self.limits, cap=limit, decode=True)
+                    body = read_body(resp, f"cas/{digest[:16]}…", self.limits, cap=limit, decode=True,
+                                     watchdog=watchdog)
                     sha256, got = fs.write_hashed(body, path, fresh=False)
                 except TooLarge:
                     raise _BadBody(f"more than {limit} bytes"
@@ -164,7 +176,8 @@ class BazelHttpCache:
 
     def has(self, path: str) -> bool | None:
         """HEAD: True, False, or None when the remote could not say."""
-        resp = self._request("HEAD", path)
+        with self._watchdog(f"HEAD {path[:20]}…"):
+            resp = self._request("HEAD", path)
         if isinstance(resp, _Miss):
             return False
         return None if resp is None else True
@@ -176,20 +189,21 @@ class BazelHttpCache:
             return True  # bazel-remote always has the empty blob and refuses to be sent it
         from hermetic.fetch.session import PacedReader
         with open(path, "rb") as f:  # paced: a server that reads a byte a second fails the deadline
-            return self._put(f"cas/{digest}", PacedReader(f, self.limits, f"cas/{digest[:16]}…"),
+            return self._put(f"cas/{digest}", lambda w: PacedReader(f, self.limits, f"cas/{digest[:16]}…", w),
                              os.fstat(f.fileno()).st_size, skip_existing=True)
 
     def put_cas_bytes(self, digest: str, data: bytes) -> bool:
         if digest == EMPTY_SHA256:
             return True
-        return self._put(f"cas/{digest}", data, len(data), skip_existing=True)
+        return self._put(f"cas/{digest}", lambda _w: data, len(data), skip_existing=True)
 
     def put_ac(self, key: str, files: list[OutputFile]) -> bool:
         """Write action entry ``key`` (the blobs it names must be uploaded first)."""
         data = encode_action_result(files)
-        return self._put(f"ac/{key}", data, len(data), skip_existing=False)
+        return self._put(f"ac/{key}", lambda _w: data, len(data), skip_existing=False)
 
-    def _put(self, path: str, body: Any, size: int, *, skip_existing: bool) -> bool:
+    def _put(self, path: str, body: Callable[[Watchdog], Any], size: int, *, skip_existing: bool) -> bool:
+        """PUT ``body(watchdog)`` (the upload's body, paced by the transfer's watchdog where it is a file)."""
         if not self.writable:
             return False
         if skip_existing and path.rsplit("/", 1)[-1] not in self.wrong:
@@ -201,11 +215,12 @@ class BazelHttpCache:
             if there is None:
                 return False
         # Content-Length always: bazel-remote refuses uploads without it, Bazel never sends chunked ones
-        resp = self._request("PUT", path, data=body, headers={"Content-Length": str(size),
-                                                              "Content-Type": "application/octet-stream"})
-        if resp is None or isinstance(resp, _Miss):
-            return False
-        resp.close()
+        with self._watchdog(f"PUT {path[:20]}…") as watchdog:
+            resp = self._request("PUT", path, data=body(watchdog),
+                                 headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"})
+            if resp is None or isinstance(resp, _Miss):
+                return False
+            resp.close()
         with self._lock:
             self.stats.uploads += 1
             self.stats.bytes_up += size
@@ -213,6 +228,10 @@ class BazelHttpCache:
 
     # transport ------------------------------------------------------------------
     def _get_bytes(self, path: str, max_size: int, *, listed: bool = False) -> bytes | None:
+        with self._watchdog(f"{path[:20]}…") as watchdog:
+            return self._get_bytes_watched(path, max_size, listed, watchdog)
+
+    def _get_bytes_watched(self, path: str, max_size: int, listed: bool, watchdog: Watchdog) -> bytes | None:
         resp = self._request("GET", path, listed=listed, stream=True)
         if resp is None or isinstance(resp, _Miss):
             return None
@@ -221,7 +240,8 @@ class BazelHttpCache:
             with resp:
                 data = bytearray()
                 try:
-                    for chunk in read_body(resp, f"{path[:20]}…", self.limits, cap=max_size, decode=True):
+                    for chunk in read_body(resp, f"{path[:20]}…", self.limits, cap=max_size, decode=True,
+                                           watchdog=watchdog):
                         data += chunk
                 except TooLarge:
                     self.failed(f"{path[:20]}… from the remote cache is larger than {max_size} bytes; "
@@ -244,14 +264,24 @@ class BazelHttpCache:
         if not self.usable:
             return None
         url = f"{self.url}/{path}"
+        from hermetic.fetch.session import current_watchdog, stopped_or
         try:
             resp = self.session.request(method, url, timeout=self.settings.timeout, allow_redirects=False,
                                         **kwargs)
         except Exception as e:
-            if self._is_transport_error(e):
-                self._transport_failed(e)
+            watchdog = current_watchdog()
+            err = stopped_or(watchdog, e)   # stopped at the deadline: TooSlow
+            if self._is_transport_error(err):
+                self._transport_failed(err)
                 return None
             raise
+        watchdog = current_watchdog()
+        if watchdog is not None:
+            if watchdog.fired:   # the headers "ended" because the watchdog shut the connection: no answer
+                resp.close()
+                self._transport_failed(stopped_or(watchdog, ConnectionError()))
+                return None
+            watchdog.answered = True
         status = resp.status_code
         if method in ("GET", "HEAD") and status in (404, 204):
             resp.close()
@@ -278,6 +308,11 @@ class BazelHttpCache:
             return None
         self.failed(what)
         return None
+
+    def _watchdog(self, what: str) -> Watchdog:
+        """The whole-transfer deadline of one request and its body, its response headers included."""
+        from hermetic.fetch.watchdog import Watchdog
+        return Watchdog(self.limits, what)
 
     def _is_transport_error(self, e: Exception) -> bool:
         import requests
