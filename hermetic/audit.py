@@ -25,20 +25,34 @@ itself. hermetic itself writes nothing outside the root and the lock folder (eve
   where another writer was seen during the same work;
 * ours: the rest: changed by this user while an unsandboxed child of hermetic ran, no other writer seen there.
 
-``clean``: false when a file is ours; else ``"unknown"`` when something was unchecked; else true. In a shallow
-place a change deeper than its depth shows as a ``changed`` folder at the depth limit (its mtime moved).
+``clean``: false when a file is ours; else ``"unknown"`` when something was unchecked; else true. A shallow
+place is checked to its depth only: where a child ran outside the sandbox, what lies deeper is listed under
+``unchecked`` (a file written four folders below HOME moves no folder's time at the limit), so ``clean`` is
+then ``"unknown"`` at best. In a lock folder only the lock files this command itself opened are left out
+(``fs.LOCKS_OPENED``): a new file there, ``*.lock`` or not, and a changed lock file this command did not hold
+are judged like any other (a lock file whose only content is another process's holder line, "pid N on HOST
+since TIME", is that process's: the same user's other commands share the folder).
+
+Processes: a child's processes that left its session (setsid) and outlived it are stopped when the child ends
+(``procs.stop_escaped``); ``finish`` stops any left and lists them all under ``escaped``. What one did is judged
+as a child's (its span runs from its child's start until it was stopped), and since it may have written where
+the audit does not look, ``clean`` is then ``"unknown"`` at best. A file held open by a process that carries a
+child's mark (``procs.carries_mark``) is held by a child of hermetic, not by another process.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-AUDIT_VERSION = 3   # 3: every place but HOME's top and the current folder walked whole; clean may be "unknown"
+AUDIT_VERSION = 4   # 4: shallow places unchecked below their depth when a child ran unsandboxed; escaped processes
+                    # 3: every place but HOME's top and the current folder walked whole; clean may be "unknown"
 HOME_DIRS = (".cache", ".nv", ".triton", ".config", ".local", ".torch", ".pip")
 TEMP_DIRS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 HOME_DEPTH = 1          # HOME itself is watched at its top only: new entries there (its caches are places of
@@ -175,6 +189,12 @@ class OutsideRootAudit:
         t = time.monotonic()
         if children is None:
             children = [(self.started, time.time(), "the work audited", False)]
+        escaped = _escaped_since(self.started)
+        free = [c for c in children if not c[3]]
+        # what an escaped process did is a child's doing, until it was stopped
+        children = [*children, *((min((c[0] for c in free), default=self.started), e["stopped_at"],
+                                  f"pid {e['pid']} ({e['program']}), which {e['left_by'] or 'a child'} left running",
+                                  False) for e in escaped)]
         named = [os.path.realpath(p) for p in exclude if os.path.realpath(p) not in self.lock_folders]
         # a lock folder named only now was walked all the same where it lies inside a place walked whole
         covered = [f for f in named if any(p.depth is ALL and (f == str(p.path) or f.startswith(str(p.path) + os.sep))
@@ -209,6 +229,12 @@ class OutsideRootAudit:
                      if p.truncated]
         unchecked += [f"{u}: cannot be listed" for u in dict.fromkeys(u for p in self.places for u in p.unreadable)]
         unchecked += [f"{p}: the lock folder, not watched since the work began" for p in late]
+        if free or escaped:   # a child could write anywhere: what a shallow place holds deeper was not looked at
+            unchecked += [f"{p.path}: walked {p.depth} level{'s' if p.depth != 1 else ''} deep only, and a child of "
+                          f"hermetic ran outside the sandbox: a change deeper was not checked"
+                          for p in self.places if p.depth is not None]
+        unchecked += [f"what pid {e['pid']} ({e['program']}) did: {e['left_by'] or 'a child'} left it running outside "
+                      f"its session; stopped, it may have written where the audit does not look" for e in escaped]
         files = _judge(self.places, [(p, "created") for p in created] + [(p, "changed") for p in changed]
                        + [(p, "removed") for p in removed], children)
         by = {v: [f for f in files if f["ours"] == v] for v in ("yes", "unknown", "no")}
@@ -227,6 +253,7 @@ class OutsideRootAudit:
                        "entries_walked": sum(p.seen for p in self.places)},
             "children": {"ran": len(children), "sandboxed": sum(1 for c in children if c[3])},
             "truncated": [str(p.path) for p in self.places if p.truncated],
+            "escaped": escaped[:MAX_LISTED],
             "unchecked": unchecked,
             # a leak found is unclean; a place not fully checked leaves it unknown, never clean
             "clean": False if by["yes"] else "unknown" if unchecked else True,
@@ -235,15 +262,56 @@ class OutsideRootAudit:
         }
 
 
+def _escaped_since(started: float) -> list[dict[str, Any]]:
+    """Every process a child of this hermetic left running outside its session, stopped since ``started``:
+    those still running are stopped now."""
+    procs = sys.modules.get("hermetic.procs")   # not loaded: no child ran (a no-op imports no more)
+    if procs is None:
+        return []
+    procs.stop_escaped(left_by="a child of hermetic (found by the audit)")
+    return [e.record() for e in procs.ESCAPED if e.stopped >= started]
+
+
 def _a_lock_file(path: str, lock_folders: Sequence[str]) -> bool:
-    """A lock file in a lock folder: ``*.lock`` right inside it, a regular file (or gone again)."""
+    """A lock file this command held in a lock folder: ``*.lock`` right inside it, opened by this process
+    (``fs.LOCKS_OPENED``), a regular file (or gone again). Any other file there is judged."""
+    from hermetic.fs import LOCKS_OPENED
     folder, name = os.path.split(path)
     if folder not in lock_folders or not name.endswith(".lock"):
+        return False
+    if path not in LOCKS_OPENED and os.path.join(os.path.realpath(folder), name) not in LOCKS_OPENED:
         return False
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except FileNotFoundError:
         return True
+
+
+_HOLDER_LINE = re.compile(rb"pid (\d+) on \S+ since \S+\n")
+
+
+def _other_holder(path: str) -> int | None:
+    """The pid of another process (live or not) whose holder line is all a lock file ``path`` says (a lock
+    another hermetic holds or held: the same user's other commands share the lock folder), else None."""
+    if not path.endswith(".lock"):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, 200)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    m = _HOLDER_LINE.fullmatch(data)
+    if m is None:
+        return None
+    pid = int(m.group(1))
+    return None if pid == os.getpid() else pid
 
 
 def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequence[Child]) -> list[dict[str, str]]:
@@ -256,6 +324,7 @@ def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequenc
                 "no child of hermetic ran") + f"; {itself}"
     out: list[dict[str, str]] = []
     pending: list[tuple[dict[str, str], float, Child]] = []
+    lockers: set[str] = set()   # another hermetic's lock files: lock folders are shared on purpose
     for path, change in sorted(found):
         rec = {"path": path, "change": change}
         out.append(rec)
@@ -270,6 +339,12 @@ def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequenc
             continue
         if st.st_uid != me:
             rec.update(ours="no", reason=f"owned by uid {st.st_uid}; hermetic runs as uid {me}")
+            continue
+        other = _other_holder(path)
+        if other is not None:
+            rec.update(ours="no", reason=f"a lock file whose only words are the holder line of pid {other}, a "
+                                         f"process other than this hermetic")
+            lockers.add(path)
             continue
         when = st.st_ctime_ns / 1e9
         during = next((c for c in free if c[0] - SLACK_S <= when <= c[1] + SLACK_S), None)
@@ -287,7 +362,7 @@ def _judge(places: list[_Place], found: list[tuple[str, str]], children: Sequenc
                                          f"a child of it")
     writers: dict[str, str] = {}   # place -> a file another writer changed there during the work
     for rec in out:
-        if rec.get("ours") == "no" and free:
+        if rec.get("ours") == "no" and free and rec["path"] not in lockers:
             writers.setdefault(_place_of(places, rec["path"]), rec["path"])
     for rec, when, child in pending:
         if "ours" in rec:
@@ -317,7 +392,10 @@ def _clock(t: float) -> str:
 
 
 def _holders(paths: set[str]) -> dict[str, tuple[int, str]]:
-    """Which of ``paths`` a live process other than this one holds open: path -> (pid, its name)."""
+    """Which of ``paths`` a live process other than this one and its children holds open: path -> (pid, name).
+    A process that carries a child's mark (``procs.carries_mark``: a child's descendant, even one that left its
+    session) is hermetic's own, whatever holds it open."""
+    procs = sys.modules.get("hermetic.procs")
     found: dict[str, tuple[int, str]] = {}
     me = os.getpid()
     try:
@@ -325,7 +403,7 @@ def _holders(paths: set[str]) -> dict[str, tuple[int, str]]:
     except OSError:
         return found
     for pid in pids:
-        if pid == me:
+        if pid == me or (procs is not None and procs.carries_mark(pid)):
             continue
         fd_dir = f"/proc/{pid}/fd"
         try:

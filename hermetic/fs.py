@@ -21,18 +21,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hermetic.errors import PreconditionFailed
+from hermetic.errors import BadInput, PreconditionFailed
 
 CHUNK = 1 << 20
 Fingerprint = tuple[int, int, int, int]  # size, mtime_ns, inode, ctime_ns
 
 
 def sha256_file(path: Path | str, *, follow: bool = True) -> tuple[str, int]:
-    """(sha256, size) of a file's bytes; ``follow=False``: never through a symlink (ELOOP)."""
+    """(sha256, size) of a regular file's bytes (``open_regular``: a FIFO or a device is ``NotRegularFile``,
+    never a read that waits or never ends); ``follow=False``: never through a symlink either."""
     h = hashlib.sha256()
     size = 0
-    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
-    with open(os.open(path, flags), "rb") as f:
+    with open(open_regular(path, follow=follow), "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -173,21 +173,35 @@ class NotRegularFile(OSError):
     """``read_regular`` found something else at the path: a folder, a FIFO, a device, a symbolic link."""
 
 
-def read_regular(path: Path | str, limit: int) -> bytes:
-    """The bytes of a regular file, read without following a symbolic link at ``path`` and without blocking
-    on a FIFO or a device (opened O_NONBLOCK, then checked by fstat before a byte is read). OSError as open
-    raises it; ``NotRegularFile`` for anything but a regular file; ValueError when it holds more than
-    ``limit`` bytes."""
+def open_regular(path: Path | str, *, follow: bool = True) -> int:
+    """A read-only descriptor of a regular file: opened without blocking on a FIFO or a device and without
+    making a terminal ours (O_NONBLOCK, O_NOCTTY), then checked by fstat before a byte is read; with ``follow``
+    False, a symbolic link at ``path`` is not followed either. OSError as open raises it; ``NotRegularFile``
+    (its strerror says what it is: "a FIFO", "a character device", ...) for anything but a regular file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError as e:
-        if e.errno == errno.ELOOP and os.path.islink(path):
+        if e.errno == errno.ELOOP and not follow and os.path.islink(path):
             raise NotRegularFile(errno.ELOOP, "a symbolic link, not a regular file", str(path)) from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"not a regular file ({_kind(st.st_mode)})", str(path))
+            raise NotRegularFile(errno.EINVAL, f"not a regular file ({kind_of(st.st_mode)})", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: Path | str, limit: int, *, follow: bool = False) -> bytes:
+    """The bytes of a regular file, read without following a symbolic link at ``path`` (unless ``follow``) and
+    without blocking on a FIFO or a device (``open_regular``). OSError as open raises it; ``NotRegularFile``
+    for anything but a regular file; ValueError when it holds more than ``limit`` bytes."""
+    fd = open_regular(path, follow=follow)
+    try:
+        st = os.fstat(fd)
         if st.st_size > limit:
             raise ValueError(f"{path} holds {st.st_size} bytes, more than the {limit} a record may")
         with os.fdopen(fd, "rb", closefd=False) as f:
@@ -199,7 +213,8 @@ def read_regular(path: Path | str, limit: int) -> bytes:
         os.close(fd)
 
 
-def _kind(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """What a file of ``mode`` is, in words: "a folder", "a FIFO", "a character device", ..."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
                        (stat.S_ISLNK, "a symbolic link")):
@@ -308,11 +323,9 @@ def open_dir(path: str | Path, *, dir_fd: int | None = None) -> int:
 def copy_file(src: str | Path, dst: str | Path, *, dst_dir_fd: int | None = None) -> None:
     """Bytes, permission bits and mtime (what ninja and the executable bit care about) into a new file ``dst``;
     neither ``src`` nor ``dst`` is read or written through a symlink (ELOOP), and ``dst`` must not exist."""
-    fin = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fin = open_regular(src, follow=False)   # a FIFO put in its place is refused, never waited on
     try:
         st = os.fstat(fin)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fsdecode(src))
         fout = os.open(dst, _NEW_FILE, 0o600, dir_fd=dst_dir_fd)
         try:
             while chunk := os.read(fin, CHUNK):
@@ -415,18 +428,72 @@ def atomic_symlink(target: str, link: Path) -> bool:
     return True
 
 
+_LOCK_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+LOCKS_OPENED: set[str] = set()   # every lock file this process opened (absolute): the audit leaves out only these
+
+
+def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = False) -> int:
+    """A descriptor of the lock file ``path`` (created 0644 when missing), opened without following a symlink at
+    its name and without blocking on a FIFO or a device; for anything but a regular file (of one link, with
+    ``single_link``: a lock hermetic writes in a folder other users share), BadInput (exit 2) naming it.
+    Nothing has been read or written through it. An existing file is opened without
+    O_CREAT (which the kernel's protected_regular refuses on another user's file in a sticky folder), a missing
+    one created with O_EXCL (never through a dangling link)."""
+    try:
+        while True:
+            try:
+                fd = os.open(path, _LOCK_OPEN)
+                break
+            except FileNotFoundError:
+                try:
+                    fd = os.open(path, _LOCK_OPEN | os.O_CREAT | os.O_EXCL, 0o644)
+                    break
+                except FileExistsError:
+                    continue   # made meanwhile by another process (or a link is there): open it as it is
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        try:
+            why = f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            why = "a symbolic link"
+        raise _refused(path, what, why) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _refused(path, what, kind_of(st.st_mode))
+        if single_link and st.st_nlink != 1:
+            raise _refused(path, what, f"a file of {st.st_nlink} hard links (another name of some other file)")
+    except BaseException:
+        os.close(fd)
+        raise
+    LOCKS_OPENED.add(os.path.abspath(path))
+    return fd
+
+
+def _refused(path: Path, what: str, why: str) -> BadInput:
+    return BadInput(f"the lock file of {what} is {why}, not a lock file: hermetic does not open it for writing",
+                    where=str(path), hint="someone may have planted it, in a lock folder other users share: remove "
+                                          "it (`ls -l` shows its owner), or choose another lock folder "
+                                          "(HERMETIC_LOCK_DIR)")
+
+
 class FileLock:
     """An flock on a lock file, exclusive or shared, with a wait limit and a clear timeout error."""
 
     def __init__(self, path: Path, *, shared: bool = False, timeout: float | None = None,
-                 what: str = "the store") -> None:
+                 what: str = "the store", single_link: bool = False) -> None:
         self.path, self.shared, self.timeout, self.what = path, shared, timeout, what
+        self.single_link = single_link   # a lock of a shared folder, written by ``note``: never a hard link
         self.fd: int | None = None
 
     def acquire(self, *, blocking: bool = True, on_wait: Callable[[float], None] | None = None) -> bool:
-        """Take the lock; ``on_wait(seconds waited)`` is called about twice a second while another holds it."""
+        """Take the lock; ``on_wait(seconds waited)`` is called about twice a second while another holds it.
+        The lock file is opened without following a symlink and must be a regular file, of one link with
+        ``single_link`` (``open_lock_file``: BadInput, exit 2, for anything else): a lock folder may be shared
+        with other users, and a link planted there must never lead hermetic's writes (``note``) elsewhere."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.path, self.what, single_link=self.single_link)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         started = time.monotonic()
         deadline = None if self.timeout is None else started + self.timeout
@@ -470,7 +537,7 @@ class FileLock:
         """Whether the file locked through ``fd`` is still the one at the path: its holder may have removed
         it (``remove``) while this process waited, and a lock on a removed file excludes nobody."""
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             return False
         mine = os.fstat(fd)
@@ -478,7 +545,7 @@ class FileLock:
 
     def _reopen(self, fd: int) -> int:
         os.close(fd)
-        return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return open_lock_file(self.path, self.what, single_link=self.single_link)
 
     def remove(self) -> None:
         """Unlink the lock file while holding it (before ``release``): a waiter wakes on the removed file,
@@ -494,6 +561,15 @@ class FileLock:
         data = text.encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
+
+    def share_with_everyone(self) -> None:
+        """Let every user take this lock later (a machine-wide lock folder): mode 0666 through the held
+        descriptor, and only on a file this user owns (never another user's, never through a link)."""
+        assert self.fd is not None, "share_with_everyone() on a lock not held"
+        st = os.fstat(self.fd)
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o666:
+            with contextlib.suppress(OSError):
+                os.fchmod(self.fd, 0o666)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -537,16 +613,25 @@ def scratch_dir(directory: Path, prefix: str) -> Iterator[Path]:
 _PROCESS_SCRATCH: dict[str, Path] = {}
 
 
+SCRATCH_MARKER = ".hermetic-scratch"
+SCRATCH_MARKER_TEXT = b"made by hermetic for one process; removed at its exit, or by the next command once free\n"
+
+
 def process_scratch_dir(prefix: str) -> Path:
     """A folder of the system's temp folder for the rest of this process (made on first use, removed with
-    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It is
-    locked (flock on the folder) while this process lives: one left by a process killed with kill -9 has its
-    lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
+    everything in it at exit): where a dry run's children write, so that nothing lands in the root. It holds
+    hermetic's marker (``SCRATCH_MARKER``) and is locked (flock on the folder) while this process lives: one left
+    by a process killed with kill -9 has its lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
     if prefix not in _PROCESS_SCRATCH:
         import atexit
         sweep_scratch_dirs(prefix)
         fresh = Path(tempfile.mkdtemp(prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
-        fd = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_dir(fresh)
+        marker = os.open(SCRATCH_MARKER, _NEW_FILE, 0o444, dir_fd=fd)
+        try:
+            os.write(marker, SCRATCH_MARKER_TEXT)
+        finally:
+            os.close(marker)
         fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
         path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
         os.rename(fresh, path)
@@ -561,9 +646,24 @@ def _drop_scratch(path: Path, fd: int) -> None:
     os.close(fd)
 
 
+def _marked(dir_fd: int) -> bool:
+    """Whether the folder holds hermetic's scratch marker: a regular file of this user, with hermetic's words."""
+    try:
+        fd = os.open(SCRATCH_MARKER, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and \
+            os.read(fd, len(SCRATCH_MARKER_TEXT) + 1) == SCRATCH_MARKER_TEXT
+    finally:
+        os.close(fd)
+
+
 def sweep_scratch_dirs(prefix: str) -> list[Path]:
-    """Remove this user's folders of ``prefix`` in the system's temp folder whose process is gone (their lock
-    is free: a process killed with kill -9 runs no exit handler). Returns what it removed."""
+    """Remove this user's folders of ``prefix`` in the system's temp folder that hermetic made (its marker is in
+    them) and whose process is gone (their lock is free: a process killed with kill -9 runs no exit handler).
+    A folder of that name without the marker is someone's own: never touched. Returns what it removed."""
     top = Path(tempfile.gettempdir())
     try:
         names = [n for n in os.listdir(top) if n.startswith(prefix)]
@@ -576,9 +676,12 @@ def sweep_scratch_dirs(prefix: str) -> list[Path]:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = open_dir(path)
         except OSError:
             continue
+        if not _marked(fd):
+            os.close(fd)
+            continue   # not hermetic's
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

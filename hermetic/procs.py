@@ -13,6 +13,13 @@ child's output ("Read-only file system" naming a path this user could write outs
 after one is a ``SandboxRefused`` error naming the path, and one that carried on has it listed in
 ``Confinement.refused`` for the receipt. Every child's lifetime is kept in ``SPANS`` for the outside-root
 audit (hermetic.audit), which asks whether a file outside the root appeared while a child ran.
+
+Nothing a child starts outlives it: when the child (its session's leader) ends, what is left of its session
+is killed, and so is every process that left the session (setsid, a double fork) but carries the child's mark
+in its environment (``MARK_VARIABLE``); those are kept in ``ESCAPED`` for the audit. In the sandbox the pid
+namespace (bubblewrap's ``--unshare-pid``) ends them with the child before that. A process that clears its
+environment and leaves the session escapes the mark outside the sandbox; at hermetic's exit the marked ones
+left are stopped too.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ def kill_session(sid):
                     fields = f.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[3]) == sid:
+            if int(fields[3]) == sid and fields[0] != "Z":  # a zombie is dead already (the leader stays one)
                 found = True
                 try:
                     os.kill(int(pid), signal.SIGKILL)
@@ -145,6 +152,102 @@ SPANS: list[Span] = []          # every child this process started, in the order
 _CONFINEMENT: list[Confinement | None] = [None]
 MAX_REFUSALS = 50               # kept per confinement; the first ones say enough
 
+# Every child carries a mark in its environment (``MARK_VARIABLE``: this hermetic's ``MARK``, then the child's
+# number), and so does everything it starts unless it clears its environment: a process that left its child's
+# session (setsid, a double fork, a daemon a compiler starts) is found by its mark (``escaped``) when the child
+# ends, stopped, and kept in ``ESCAPED`` for the audit. In the sandbox none can outlive its child: bubblewrap
+# gives the child a pid namespace of its own, whose processes all die when its first one ends.
+MARK_VARIABLE = "HERMETIC_CHILD_OF"
+MARK = f"{os.getpid()}-{os.urandom(6).hex()}"
+_RUNNING: set[int] = set()      # the session leaders of the children running now (their sessions are theirs)
+_RUNNING_LOCK = threading.Lock()  # held while a child starts and while /proc is searched: a child just started
+                                  # is never taken for an escaped one
+_SEQ = [0]
+
+
+@dataclass(frozen=True)
+class Escaped:
+    """A process a child of hermetic left running outside the child's session (found by its mark), stopped at
+    ``stopped`` (``time.time()``); ``left_by``: the program of the child that started it."""
+    pid: int
+    program: str
+    command: str
+    left_by: str = ""
+    stopped: float = 0.0
+
+    def record(self) -> dict[str, object]:
+        return {"pid": self.pid, "program": self.program, "command": self.command, "left_by": self.left_by,
+                "stopped_at": round(self.stopped, 3)}
+
+
+ESCAPED: list[Escaped] = []     # every process found outliving its child this run, in the order found
+
+
+def carries_mark(pid: int, mark: str = MARK) -> bool:
+    """Whether process ``pid`` carries ``mark`` (this hermetic's, or one child's) in its environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    wanted = f"{MARK_VARIABLE}={mark}".encode()
+    return any(v == wanted or v.startswith(wanted + b".") for v in env)
+
+
+def escaped(mark: str = MARK) -> list[Escaped]:
+    """The live processes that carry ``mark`` (a child's, or by default every child's of this hermetic) and
+    belong to no child running now: each left its child's session (setsid, a double fork) and outlived it."""
+    me = os.getpid()
+    found: list[Escaped] = []
+    with _RUNNING_LOCK:
+        running = set(_RUNNING)
+        try:
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        except OSError:
+            return found
+        for pid in pids:
+            if pid == me or not carries_mark(pid, mark):
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                if fields[0] == b"Z" or int(fields[3]) in running:
+                    continue   # a zombie is no process any more; a running child's session is its own
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+                with open(f"/proc/{pid}/comm", "rb") as f:
+                    name = f.read().decode(errors="replace").strip()
+            except (OSError, ValueError, IndexError):
+                continue   # gone meanwhile, or not ours to read
+            found.append(Escaped(pid, name, b" ".join(a for a in argv if a).decode(errors="replace")[:300]))
+    return found
+
+
+def stop_escaped(mark: str = MARK, left_by: str = "") -> list[Escaped]:
+    """SIGKILL every process ``escaped(mark)`` finds (nothing may outlive its child), again until none is left
+    (one may fork meanwhile); each is added to ``ESCAPED`` and returned."""
+    stopped: list[Escaped] = []
+    for _ in range(20):
+        found = escaped(mark)
+        if not found:
+            break
+        for e in found:
+            try:
+                os.kill(e.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+            stopped.append(Escaped(e.pid, e.program, e.command, left_by, time.time()))
+        time.sleep(0.01)
+    ESCAPED.extend(stopped)
+    return stopped
+
+
+def _stop_escaped_at_exit() -> None:
+    stop_escaped(left_by="a child of hermetic (found at its exit)")
+
+
+_AT_EXIT: list[bool] = []
+
 
 @contextlib.contextmanager
 def confined(confinement: Confinement | None) -> Iterator[Confinement | None]:
@@ -205,7 +308,7 @@ def _sandbox_failed(rc: int, first: str | None, confinement: Confinement | None)
         f"the sandbox could not be set up: {first}", where=confinement.prefix[0],
         hint="run with --sandbox off (or HERMETIC_SANDBOX=off) to build without it (the outside-root audit then "
              "judges what appears outside the root); the answer that bubblewrap works here is cached in the root's "
-             "state/sandbox-v1: delete that folder to ask again")
+             "state/sandbox-v1: delete that folder to ask again (a no is asked again anyway)")
 
 
 def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
@@ -222,6 +325,13 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     # The child waits at a gate (a pipe) until its reaper runs: a kill -9 between the two starts (no signal
     # mask stops SIGKILL) closes the gate's write end, and the child exits without running anything.
     confinement = _CONFINEMENT[0]
+    if not _AT_EXIT:   # whatever escaped a child and is still there when hermetic exits is stopped then
+        import atexit
+        atexit.register(_stop_escaped_at_exit)
+        _AT_EXIT.append(True)
+    _SEQ[0] += 1
+    mark = f"{MARK}.{_SEQ[0]}"
+    env = {**env, MARK_VARIABLE: mark}
     gate_r, gate_w = os.pipe()
     shim = [*(confinement.prefix if confinement is not None else ()), sys.executable, "-S", "-c", _SHIM,
             json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
@@ -234,8 +344,10 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         try:
-            proc = subprocess.Popen(shim, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(gate_r,))
+            with _RUNNING_LOCK:   # a search for escaped processes never sees this child before it is known
+                proc = subprocess.Popen(shim, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(gate_r,))
+                _RUNNING.add(proc.pid)
         finally:
             os.close(gate_r)
         try:
@@ -259,12 +371,18 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         expired.set()
         _kill_group(proc.pid)
     timer = None if timeout is None else threading.Timer(timeout, expire)
+    # when the child ends, whatever it left in its session (a process sent to the background) ends with it,
+    # and a process that left the session but holds the output open is stopped: the command never waits on it
+    read_all = threading.Event()
+    waiter = threading.Thread(target=_end_of_child, args=(proc.pid, mark, program, read_all), name="child-end",
+                              daemon=True)
     try:
         if timer is not None:
             timer.daemon = True
             timer.start()
         if on_start is not None:
             on_start(proc.pid)
+        waiter.start()
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
@@ -277,16 +395,23 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
             tail.append(line)
             del tail[:-400]
             on_line(line)
+        read_all.set()
+        waiter.join()   # the leader has ended and its session is stopped: only now may its pid be reaped
         rc = proc.wait()
         finished = True
     finally:
+        read_all.set()
         SPANS.append(Span(began, time.time(), program, confinement is not None))
         if timer is not None:
             timer.cancel()
             timer.join()
         if not finished:  # interrupted: stop the whole group now, not when the reaper notices
             _kill_group(proc.pid)
+            if waiter.ident is not None:   # started: it ends once the leader has (its pid kept until then)
+                waiter.join()
             proc.wait()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc.pid)
         assert reaper.stdin is not None
         try:
             reaper.stdin.write(b"done" if finished else b"")
@@ -304,6 +429,24 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         if rc != 0:
             raise _refusal_error(refused[0], confinement, rc)
     return rc, tail
+
+
+HOLD_S = 2.0   # how long the output may stay open once the child and its session have ended
+
+
+def _end_of_child(pid: int, mark: str, program: str, read_all: threading.Event) -> None:
+    """Wait for the child (the session's leader) to end, leaving it unreaped, so that its pid, the session's id,
+    cannot be taken by another process; stop what is left of its session and every process it started that left
+    the session (``stop_escaped``: kept in ``ESCAPED``); if its output is still held open after ``HOLD_S``, look
+    once more."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    except ChildProcessError:
+        return
+    kill_session(pid)
+    stop_escaped(mark, program)
+    if not read_all.wait(HOLD_S):
+        stop_escaped(mark, program)
 
 
 def _refusal_error(r: Refusal, confinement: Confinement, rc: int) -> SandboxRefused:

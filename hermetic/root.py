@@ -20,6 +20,7 @@ LAYOUT = frozenset({"store", "profiles", "roots", "receipts", "state", "tmp", "h
 MARKER_TEXT = (f"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n"
                f"format: hermetic-root {ROOT_FORMAT}\n").encode()
 DEFAULT_LOCK_DIRS = ("/run/lock/hermetic", "/var/lock/hermetic", "/tmp/hermetic-locks")
+CHECKOUT_SEARCH = 200_000   # entries `gc --all` looks through for a checkout someone put in the root
 
 
 def lock_dir(configured: str | None) -> Path:
@@ -285,6 +286,27 @@ class Root:
         if self.marker_format() is None:
             raise BadInput(f"hermetic gc --all will not remove {self.path}: it is not a hermetic scratch root (no "
                            f"{ROOT_MARKER} file)", where=str(self.path), hint=hint)
+        checkout = self._checkout_inside()
+        if checkout is not None:
+            raise BadInput(f"hermetic gc --all will not remove {self.path}: it holds a repository checkout, "
+                           f"{checkout} (hermetic never makes one there: someone put it in the root)",
+                           where=str(checkout), hint="move the checkout out of the scratch root (or remove it "
+                                                     "yourself), then run gc --all again")
+
+    def _checkout_inside(self, budget: int = CHECKOUT_SEARCH) -> Path | None:
+        """A repository checkout (a folder holding ``.git``) anywhere below the root but in the store, whose trees
+        are hermetic's own read-only copies (a source folder copied with its .git is one): nothing hermetic
+        makes elsewhere holds one. Links are not followed; past ``budget`` entries the search stops."""
+        seen = 0
+        for dirpath, dirnames, filenames in os.walk(self.path):
+            if dirpath == str(self.path):
+                dirnames[:] = [d for d in dirnames if d != "store"]
+            if ".git" in dirnames or ".git" in filenames:
+                return Path(dirpath)
+            seen += len(dirnames) + len(filenames)
+            if seen > budget:
+                return None
+        return None
 
     @property
     def no_cuda(self) -> Path:

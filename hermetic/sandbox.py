@@ -1,11 +1,12 @@
 """The sandbox: hermetic's children run where only the scratch root is writable.
 
-Where bubblewrap works (asked once per bwrap binary, kernel, user and root, the answer cached in the root's
-``state/sandbox-v1``), every child a realize, a run or ``verify`` starts goes through it (``procs.confined``):
-the probes of the interpreter and torch, ``patch``, ninja and every compiler under it, the linker, the import
-check, ``verify --rebuild-sample``'s compiles and the measuring process of ``hermetic run``::
+Where bubblewrap works (asked per bwrap binary, kernel, user, root and sandbox command line; a yes is cached in
+the root's ``state/sandbox-v1``, a no asked again by the next command), every child a realize, a run or
+``verify`` starts goes through it (``procs.confined``): the probes of the interpreter and torch, ``patch``,
+ninja and every compiler under it, the linker, the import check, ``verify --rebuild-sample``'s compiles and the
+measuring process of ``hermetic run``::
 
-    bwrap --die-with-parent --ro-bind / / --dev /dev --proc /proc
+    bwrap --die-with-parent --unshare-pid --ro-bind / / --dev /dev --proc /proc
           --bind ROOT ROOT [--dev-bind-try /dev/nvidia... (GPU_DEVICES)] -- COMMAND
 
 The whole system is visible, read-only; ``/dev`` is the sandbox's own (null, zero, random, urandom, tty, a
@@ -15,8 +16,12 @@ output and turns into an error naming the path. The lock folder is shared by eve
 be any folder (HERMETIC_LOCK_DIR, a runner's ``gpu.lock_dir``: the home folder, even): it stays read-only
 inside. hermetic itself, outside the sandbox, takes and writes the lock files it holds; no child needs one
 writable, so none is bound (binding the held ones would only let a child scribble in them), and the audit
-watches the folder (anything there but lock files is a leak). No namespace but the mount namespace is new: the children
-keep hermetic's pids, session (the reaper and the memory guard find them as before), network and user. It
+watches the folder (anything there but lock files is a leak). The mount namespace is new, and so is the pid
+namespace (``--unshare-pid``): bubblewrap's own first process inside waits for the child and, when the child
+ends, ends too, and the kernel kills every process left in the namespace, so nothing a compiler starts (a
+process it detaches with setsid, a compiler server) outlives its child, with the root writable to it. Seen
+from outside they keep hermetic's session (the reaper and the memory guard find them as before), network and
+user. It
 is a guard against a tool writing where it should not (a cache in the real HOME, a temporary file in /tmp),
 not a security boundary: a child running as root could remount.
 
@@ -72,8 +77,12 @@ GPU_DEVICES = (
 _PROBE = r"""
 import errno, os, sys
 inside, outside = sys.argv[1:3]
-with open(inside, "w") as f:
-    f.write("ok")
+try:
+    with open(inside, "w") as f:
+        f.write("ok")
+except OSError as e:
+    print("hermetic-sandbox-probe: inside", e.errno, e.strerror)
+    sys.exit(0)
 try:
     fd = os.open(outside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 except OSError as e:
@@ -167,7 +176,7 @@ def prefix(tool: str, writable: tuple[str, ...], devices: tuple[str, ...] = ()) 
     """The bwrap command line before the child's: the system read-only, the writable places bound over it
     (outer ones first; the root, ``writable[0]``, must exist, the lock folder may not yet), the GPU's nodes
     into the sandbox's own /dev."""
-    args = [tool, "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    args = [tool, "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     for w in sorted(writable, key=len):
         args += ["--bind" if w == writable[0] else "--bind-try", w, w]
     for d in devices:
@@ -203,19 +212,25 @@ def bwrap_path() -> tuple[str | None, str]:
     return found, ""
 
 
+PROBE_VERSION = 2   # 2: the sandbox has a pid namespace of its own (--unshare-pid)
+
+
 def detect(root: Root, lock_folder: Path) -> Found:
-    """Whether bubblewrap sets the sandbox up here: asked once per bwrap binary (its stat fingerprint), kernel,
-    user and root, and cached in the root's state/sandbox-v1."""
+    """Whether bubblewrap sets the sandbox up here: asked per bwrap binary (its stat fingerprint), kernel, user,
+    root and sandbox command line. A yes is cached in the root's state/sandbox-v1; a no is asked again by the
+    next command (a failure may be passing: a full or read-only ROOT/tmp once must not turn the sandbox off for
+    good)."""
     tool, why = bwrap_path()
     if tool is None:
         return Found(False, why)
-    key = f"{tool}|{os.uname().release}|uid {os.geteuid()}|{os.path.realpath(root.path)}"
+    key = f"{tool}|{os.uname().release}|uid {os.geteuid()}|{os.path.realpath(root.path)}|probe {PROBE_VERSION}"
     cache = root.cache("sandbox")
     cached = cache.get(key)
-    if isinstance(cached, dict):
-        return Found(bool(cached["works"]), str(cached.get("why", "")), tool, cached.get("version"))
+    if isinstance(cached, dict) and cached.get("works") is True:
+        return Found(True, "", tool, cached.get("version"))
     found = _probe(root, tool, _writable(root, lock_folder))
-    cache.put(key, {"works": found.works, "why": found.why, "version": found.version}, [tool])
+    if found.works:
+        cache.put(key, {"works": True, "why": "", "version": found.version}, [tool])
     return found
 
 
@@ -244,13 +259,23 @@ def _probe(root: Root, tool: str, writable: tuple[str, ...]) -> Found:
                 os.unlink(outside)
     said = next((ln.split(": ", 1)[1] for ln in tail if ln.startswith("hermetic-sandbox-probe: ")), None)
     if rc != 0 or said is None:
-        return Found(False, f"{tool} failed (exit {rc}): {' | '.join(tail[-3:])}", tool, version)
+        return Found(False, f"{tool} failed (exit {rc}): {_last_words(tail)}", tool, version)
+    if said.startswith("inside "):
+        return Found(False, f"{tool} ran the probe, but its write inside the root failed "
+                            f"({said.split(' ', 2)[-1]}: {inside})", tool, version)
     if not wrote_inside:
         return Found(False, f"{tool} ran the probe, but its write inside the root did not land", tool, version)
     if said != f"refused {errno.EROFS}":
         what = "was not refused" if said == "written" else f"failed otherwise (errno {said.split()[-1]})"
         return Found(False, f"{tool} ran the probe, but its write outside the root {what}", tool, version)
     return Found(True, "", tool, version)
+
+
+def _last_words(tail: list[str]) -> str:
+    """What a failed probe said, at most three lines, with no Python traceback's frames (its last line, the
+    error, is kept)."""
+    kept = [ln for ln in tail if ln.strip() and not ln.startswith(("Traceback (most recent call last)", "  "))]
+    return " | ".join(kept[-3:]) or "nothing"
 
 
 def _version(tool: str, cwd: str, env: dict[str, str], probe: Confinement) -> str | None:

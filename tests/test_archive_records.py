@@ -14,6 +14,8 @@ import pytest
 from hermetic import fs
 from tests.support.archives import ROOT, honest_records, write_archive
 from tests.support.cli import Hermetic
+from tests.support.index import LoopbackIndex
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 
 
 def _nothing_imported(root: Path) -> None:
@@ -67,3 +69,44 @@ def test_export_refuses_a_bad_gc_root_naming_it(tmp_path: Path, hermetic: Hermet
     assert res.rc == 2, (res.rc, res.err)
     assert str(bad) in res.err and "gc root is bad" in res.err and "Traceback" not in res.err
     assert not (tmp_path / "out.tar.zst").exists()
+
+
+def test_an_archives_gc_root_cannot_choose_what_repair_realizes(tmp_path: Path, hermetic: Hermetic,
+                                                                index: LoopbackIndex) -> None:
+    """Attack on issue 34, finding 6: an unsigned archive's gc root names any recipe path (here a real recipe
+    the user never named), and `verify --repair` realized it after one blob was damaged. Now an imported root is
+    marked with the archive it came from; repair warns that its recipe is the exporter's and realizes nothing of
+    it. A realize of the recipe on this machine makes the root local again, and repair follows it then."""
+    w = make_pkg(tmp_path / "whl", "evilpkg", "1.0")
+    index.add(w.path)
+    evil = write_recipe(tmp_path / "evilrepo", ROOT, pip_lock_line(w))
+    entries, blobs, roots = honest_records()
+    record = json.loads(roots[ROOT])
+    record["recipe"] = str(evil)
+    archive = write_archive(tmp_path / "evil.tar.zst", entries, blobs, {ROOT: fs.pretty_json(record)})
+    hermetic("import", archive, check=True)
+
+    def damage_a_blob() -> None:
+        blob = next(p for p in (hermetic.root / "store" / "blobs").rglob("*") if p.is_file())
+        blob.chmod(0o644)
+        with blob.open("ab") as f:
+            f.write(b"corrupt\n")
+
+    def receipts_naming_evil() -> list[Path]:
+        return [p for p in (hermetic.root / "receipts").glob("*.json") if str(evil) in p.read_text()]
+
+    damage_a_blob()
+    res = hermetic("verify", "--repair")
+    assert not receipts_naming_evil(), res.err   # before the fix: the repair's receipt named evil.toml
+    assert f"root {ROOT} came from an archive ({archive})" in res.err and "realize its recipe yourself" in res.err, \
+        res.err
+    assert "Traceback" not in res.err
+    imported = json.loads((hermetic.root / "roots" / f"{ROOT}.json").read_text())
+    assert imported["imported_from"] == str(archive) and imported["recipe"] == str(evil)
+    # the user realizes it: the root is this machine's now, and repair follows it
+    hermetic("realize", evil, check=True)
+    assert "imported_from" not in json.loads((hermetic.root / "roots" / f"{ROOT}.json").read_text())
+    before = len(receipts_naming_evil())
+    damage_a_blob()
+    res = hermetic("verify", "--repair")
+    assert "came from an archive" not in res.err and len(receipts_naming_evil()) == before + 1, res.err

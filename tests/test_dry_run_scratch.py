@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 from tests.support import cli
 from tests.support.builds import Project
-from tests.support.cli import hermetic_env
+from tests.support.cli import REPO, hermetic_env
 
 
 def _left(tmp: Path) -> list[Path]:
@@ -57,3 +59,40 @@ def test_a_killed_dry_run_leaves_a_folder_the_next_command_removes(tmp_path: Pat
         assert _left(tmp) == [live]
     finally:
         os.close(held)
+
+
+def test_gc_removes_only_the_folders_hermetic_made_and_marked(tmp_path: Path) -> None:
+    """Attack on issue 34, finding 7: `gc` removed every folder ``$TMPDIR/hermetic-dry-run-*`` of this user that
+    nobody flocked, "left by a dry run that was killed": the user's own notes in one of that name too. Now only a
+    folder holding hermetic's marker (a regular file of this user, with hermetic's words) goes; a look-alike, one
+    whose marker is a link or a folder, one of another user, and links and files of that name are left."""
+    tmp = tmp_path / "systemp"
+    env = hermetic_env(tmp_path / "home", tmp=tmp)
+    # a real dry run's folder, its process killed with kill -9 (no exit handler ran)
+    made = subprocess.run([sys.executable, "-c", "import os; from hermetic import fs; "
+                           "print(fs.process_scratch_dir('hermetic-dry-run-'), flush=True); os.kill(os.getpid(), 9)"],
+                          env=env, cwd=REPO, capture_output=True, text=True)
+    killed = Path(made.stdout.strip())
+    assert made.returncode == -signal.SIGKILL and killed.is_dir() and killed.parent == tmp, made
+    mine = tmp / "hermetic-dry-run-99999-mine"
+    (mine / "notes.txt").parent.mkdir()
+    (mine / "notes.txt").write_text("precious\n")
+    linked = tmp / "hermetic-dry-run-2-linked-marker"
+    linked.mkdir()
+    (linked / ".hermetic-scratch").symlink_to(killed / ".hermetic-scratch")
+    folder_marker = tmp / "hermetic-dry-run-3-folder-marker"
+    (folder_marker / ".hermetic-scratch").mkdir(parents=True)
+    other = tmp / "hermetic-dry-run-4-other-user"
+    other.mkdir()
+    marker = killed / ".hermetic-scratch"   # (absent before the fix: then any text stands in)
+    (other / ".hermetic-scratch").write_bytes(marker.read_bytes() if marker.exists() else b"made by hermetic\n")
+    os.chown(other / ".hermetic-scratch", 65534, 65534)
+    (tmp / "hermetic-dry-run-5-file").write_text("a file\n")
+    (tmp / "hermetic-dry-run-6-link").symlink_to(mine)
+    res = cli.run(tmp_path / "root", "gc", env=env)
+    assert res.rc == 0 and f"removed {killed}" in res.err, res.err
+    assert not killed.exists()
+    assert sorted(p.name for p in _left(tmp)) == [
+        "hermetic-dry-run-2-linked-marker", "hermetic-dry-run-3-folder-marker", "hermetic-dry-run-4-other-user",
+        "hermetic-dry-run-5-file", "hermetic-dry-run-6-link", "hermetic-dry-run-99999-mine"]
+    assert (mine / "notes.txt").read_text() == "precious\n"

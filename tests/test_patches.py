@@ -143,3 +143,42 @@ def test_the_tree_is_checked_again_after_patch_ran(tmp_path: Path) -> None:
     os.mkfifo(tree / "fifo")
     with pytest.raises(BadInput, match="fifo in the source tree is no regular file"):
         check_patched_tree(tree, Path("p.patch"))
+
+
+def _context_diff(tmp_path: Path) -> str:
+    """A real context diff (``diff -c a/data.txt b/data.txt``) of a source's data.txt."""
+    work = tmp_path / "cdiff"
+    for side, text in (("a", "one\ntwo\nthree\n"), ("b", "one\n2\nthree\nfour\n")):
+        (work / side).mkdir(parents=True)
+        (work / side / "data.txt").write_text(text)
+    p = subprocess.run(["diff", "-c", "a/data.txt", "b/data.txt"], cwd=work, capture_output=True, text=True)
+    assert p.returncode == 1 and p.stdout.startswith("*** a/data.txt"), p
+    return p.stdout
+
+
+def test_a_legitimate_context_diff_applies(tmp_path: Path) -> None:
+    """Attack on issue 34, smaller finding: a context diff's hunk range ``--- 1,4 ----`` was read as a file
+    header, "the patch touches '1,4', outside the source tree" (a false refusal). Its ranges and separator are
+    no headers; its ``***`` and ``---`` file headers are judged like a unified diff's."""
+    text = _context_diff(tmp_path)
+    assert "\n--- 1,4 ----\n" in text and "\n***************\n" in text
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.txt").write_text("one\ntwo\nthree\n")
+    root = Root(tmp_path / "root")
+    root.ensure()
+    store = Store(root.store).open()
+    patch = tmp_path / "ctx.patch"
+    patch.write_text(text)
+    tree = realize_source(root, store, Source("d", path=src, where="recipe.toml:3"), (patch,), Reporter(quiet=True))
+    assert (tree.out(store) / "data.txt").read_text() == "one\n2\nthree\nfour\n"
+
+
+@pytest.mark.parametrize("header", ["*** ../../outside/data.txt\t2024-01-01", "*** /etc/passwd", "--- a/../../x"])
+def test_a_context_diff_leading_out_is_refused_at_its_header(tmp_path: Path, header: str) -> None:
+    lines = _context_diff(tmp_path).splitlines()
+    at = 0 if header.startswith("***") else 1
+    lines[at] = header
+    with pytest.raises(BadInput) as caught:
+        check_patch("\n".join(lines) + "\n", Path("p.patch"))
+    assert "outside the source tree" in caught.value.what and caught.value.where == f"p.patch:{at + 1}"

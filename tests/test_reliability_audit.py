@@ -23,7 +23,7 @@ from hermetic.audit import OutsideRootAudit
 from tests.support import cli
 from tests.support.cli import REPO
 from tests.support.recipes import TOOLCHAIN_LOCK, recipe_toml
-from tests.support.reliability import child_env
+from tests.support.reliability import child_env, live_commands
 
 
 def _places(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
@@ -57,7 +57,9 @@ def test_planted_writes_are_reported_and_the_root_is_not(tmp_path: Path) -> None
                                         str(tmp / "tmpxft_0001")])
     assert result["changed"] == [str(home / ".config" / "tool.ini")]
     assert result["removed"] == [str(tmp / "old" / "gone.txt")]
-    assert result["clean"] is False and result["complete"] is True
+    # the whole time counted as an unsandboxed child's: the shallow places were not looked at below their depth
+    assert result["clean"] is False and result["complete"] is False
+    assert all("deep only" in u for u in result["unchecked"]) and len(result["unchecked"]) == 2, result["unchecked"]
     assert result["counts"]["created"] == 5 and result["truncated"] == []
     assert str(home) in result["watched"] and str(root) not in " ".join(result["created"])
     # told nothing of hermetic's children, the audit counts the whole time as one unsandboxed child's: every
@@ -133,7 +135,7 @@ def test_nothing_written_is_clean_and_a_root_inside_a_watched_place_is_skipped(t
     audit.start()
     (root / "store" / "deep").mkdir(parents=True)  # creating the root itself is not a leak either
     (root / "store" / "deep" / "f").write_text("x")
-    result = audit.finish()
+    result = audit.finish(children=[])   # no child ran: nothing could write deeper than the audit looked
     assert result["clean"] is True, result
     assert result["created"] == result["changed"] == result["removed"] == []
     assert result["watched"].count(str(home)) == 1  # HOME and the current folder are one place
@@ -191,7 +193,7 @@ def _realize_build(tmp_path: Path, root: Path, name: str, cflags: str, *args: st
     env = child_env(home, tmp)
     cwd = tmp_path / f"{name}-cwd"
     cwd.mkdir()
-    p = cli.run(root, "realize", recipe, "--json", *args, env=env, cwd=cwd)
+    p = cli.run(root, "realize", recipe, "--json", *args, env=env, cwd=cwd, code=REPO)  # this checkout's code
     assert p.returncode == rc, p.stderr[-3000:]
     if rc != 0:
         return {**p.result, "stderr": p.stderr}, home, tmp
@@ -250,4 +252,43 @@ def test_another_process_file_is_not_ours_and_leaves_the_build_clean(tmp_path: P
     judged = {f["path"]: f for f in audit["files"]}
     assert str(other) in audit["created"] and judged[str(other)]["ours"] == "no", judged
     assert f"held open by pid {holder.pid}" in judged[str(other)]["reason"]
-    assert audit["clean"] is True and receipt["sandbox"]["used"] is False
+    # with the sandbox off, what lies below HOME's top and the current folder's second level was not looked at
+    ours = [f for f in audit["files"] if f["ours"] == "yes"]
+    assert audit["clean"] == "unknown" and receipt["sandbox"]["used"] is False, ours
+    assert all("deep only" in u for u in audit["unchecked"]), audit["unchecked"]
+
+
+@pytest.mark.parametrize("mode", ["sandbox", "off"])
+def test_a_compiler_wrapper_that_leaves_a_detached_child_writing_into_the_root(
+        tmp_path: Path, shared_root: Path, mode: str) -> None:
+    """attack34 finding 8: g++ ``-wrapper`` (a compiler launcher) starts a process outside its session (setsid)
+    that writes into the scratch root two seconds later and lives on. In the sandbox the pid namespace ends it
+    with its child; without, it is found by its mark when its child ends, stopped, and the receipt's audit lists
+    it under ``escaped`` (clean then "unknown" at best). Either way nothing is left when realize returns and
+    nothing is written into the root after. Before: it outlived the realize (in the sandbox with the root
+    writable) and wrote its file."""
+    if mode == "sandbox" and sandbox.bwrap_path()[0] is None:
+        pytest.skip("bubblewrap is not installed here")
+    late = shared_root / f"late-{mode}.txt"
+    ready = shared_root / f"ready-{mode}"
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text("#!/bin/sh\n"
+                       'case "$1" in *cc1plus*) ;; *) exec "$@";; esac\n'
+                       f"setsid sh -c 'touch {ready}; sleep 2; echo late > {late}; exec sleep 3541' "
+                       "</dev/null >/dev/null 2>&1 &\n"
+                       f"while [ ! -e {ready} ]; do sleep 0.02; done\n"
+                       'exec "$@"\n')
+    wrapper.chmod(0o755)
+    args = ("--sandbox", "off") if mode == "off" else ()
+    audit, _home, _tmp = _realize_build(tmp_path, shared_root, f"auditdetach{mode}", f'"-wrapper", "{wrapper}"',
+                                        *args)
+    assert ready.exists()   # the wrapper ran
+    time.sleep(3)
+    left = [pid for pid, cmd in live_commands().items() if b"sleep\x003541" in cmd]
+    assert left == [], "a process the compiler started outlived the realize"
+    assert not late.exists(), "it wrote into the root after its child ended"
+    if mode == "off":
+        assert any("3541" in e["command"] or "sleep 2" in e["command"] for e in audit["escaped"]), audit["escaped"]
+        assert audit["clean"] != True  # noqa: E712
+    else:
+        assert audit["receipt"]["sandbox"]["used"] is True  # type: ignore[index]

@@ -156,7 +156,7 @@ def _fill(path: Path) -> None:
 @pytest.mark.parametrize("when", ["before-the-compile", "after-the-compile"])
 def test_a_compile_on_a_full_disk_says_so_without_a_traceback(when: str, tiny: Path) -> None:
     """The outside attack on issue 35 (finding 6): a disk that filled during the compiles printed a traceback of
-    hermetic's own build/costwrap.py (OSError: [Errno 28]) inside the error, with the hint "fix the compile error
+    hermetic's own extensions/costwrap.py (OSError: [Errno 28]) inside the error, with the hint "fix the compile error
     above". costwrap (which runs every compile of the build graph) on a real full tmpfs: its record of the start
     cannot be written (before the compile), or the compile itself fills the disk and then its cost cannot be
     written (after). One line naming the file and the full disk, no traceback, no cost file, a non-zero exit; and
@@ -173,7 +173,7 @@ def test_a_compile_on_a_full_disk_says_so_without_a_traceback(when: str, tiny: P
     assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
     assert f"{tiny}/obj.o.cost" in p.stderr and "No space left on device" in p.stderr, p.stderr
     assert not cost.exists() and not list(tiny.glob("obj.o.cost.tmp*"))
-    from hermetic.errors import ran_out  # what the build's error says for this output (build/graph.py)
+    from hermetic.errors import ran_out  # what the build's error says for this output (extensions/graph.py)
     hint = ran_out(p.stderr)
     assert hint is not None and "disk is full" in hint
 

@@ -136,3 +136,52 @@ def test_export_refuses_an_output_inside_the_root(tmp_path: Path, hermetic: Herm
         assert not os.path.lexists(target) or target == gc_root
     assert gc_root.read_bytes() == before
     assert hermetic("export", tmp_path / "out.tar.zst").rc == 0
+
+
+def test_gc_drop_root_takes_only_a_roots_name(tmp_path: Path, hermetic: Hermetic) -> None:
+    """Attack on issue 34, finding 5: `gc --drop-root ../../outside/victim` deleted outside/victim.json (any file)
+    and outside/victim when it was a symlink; an absolute name worked too (exit 0, no warning). Now a name that
+    is not a root's is exit 2 naming it, and nothing outside the root is touched; a real name still drops."""
+    hermetic("import", _archive(tmp_path), check=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("victim.json", "abs.json", "lnk.json"):
+        (outside / name).write_text("precious")
+    (outside / "lnk").symlink_to(outside / "victim.json")
+    before = _contents(outside)
+    for name in ("../../outside/victim", str(outside / "abs"), "../../outside/lnk", "..", ".", "a/b", ""):
+        res = hermetic("gc", "--drop-root", name)
+        assert res.rc == 2 and f"{name!r} is not a root's name" in res.err and "--drop-root" in res.err, \
+            (name, res.rc, res.err)
+        assert "Traceback" not in res.err
+    assert _contents(outside) == before and os.path.islink(outside / "lnk")
+    assert (hermetic.root / "roots" / "crafted.json").exists()
+    hermetic("gc", "--drop-root", "crafted", check=True)
+    assert not (hermetic.root / "roots" / "crafted.json").exists()
+
+
+def test_export_onto_a_folder_names_the_folder(tmp_path: Path, hermetic: Hermetic) -> None:
+    """Before the fix the error named the temp file beside it (".adir.PID....tmp is a folder, not a file")."""
+    hermetic("import", _archive(tmp_path), check=True)
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    res = hermetic("export", folder)
+    assert res.rc == 2 and f"the output {folder} is a folder" in res.err and ".tmp" not in res.err, res.err
+    assert not any(folder.iterdir())
+
+
+def test_gc_all_refuses_a_root_holding_a_checkout_below_its_top(tmp_path: Path, hermetic: Hermetic) -> None:
+    """A marked root into which someone cloned a repository, a folder below its top: hermetic never makes a
+    checkout outside its store, so `gc --all` (which removed it before the fix) refuses, naming it. A source
+    folder copied into the store with its .git is hermetic's own copy: that root goes whole."""
+    hermetic("import", _archive(tmp_path), check=True)
+    checkout = hermetic.root / "home" / "work" / "project"
+    (checkout / ".git").mkdir(parents=True)
+    (checkout / "main.c").write_text("int main(void) { return 0; }\n")
+    res = hermetic("gc", "--all")
+    assert res.rc == 2 and "holds a repository checkout" in res.err and str(checkout) in res.err, res.err
+    assert (checkout / "main.c").exists()
+    other = tmp_path / "other"
+    hermetic("import", _archive(tmp_path), root=other, check=True)
+    (other / "store" / "entries" / "copied-src" / ".git").mkdir(parents=True)
+    assert hermetic("gc", "--all", root=other).rc == 0 and not other.exists()

@@ -70,7 +70,7 @@ def test_a_missing_bwrap_says_why_and_required_is_a_failed_precondition(tmp_path
     assert off.record()["why_not"] == "sandbox = off (HERMETIC_SANDBOX)"
 
 
-def test_a_bwrap_that_does_not_confine_or_cannot_start_is_found_out_once(tmp_path: Path,
+def test_a_bwrap_that_does_not_confine_or_cannot_start_is_found_out_and_asked_again(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     root = _root(tmp_path)
     # runs the command after "--" as it is: the probe's write outside the root lands, and is taken back
@@ -80,7 +80,7 @@ def test_a_bwrap_that_does_not_confine_or_cannot_start_is_found_out_once(tmp_pat
     assert not found.works and "its write outside the root was not refused" in found.why, found
     assert not list(tmp_path.glob(".hermetic-sandbox-probe-*"))
     calls = _calls(tmp_path)
-    assert sandbox.detect(root, tmp_path / "locks") == found and _calls(tmp_path) == calls  # cached: not asked again
+    assert sandbox.detect(root, tmp_path / "locks") == found and _calls(tmp_path) > calls  # a no is asked again
     # a bwrap that cannot set up its namespace says so first and exits 1
     (tmp_path / "b").mkdir()
     broken = _fake_bwrap(tmp_path / "b", 'echo "bwrap: Creating new namespace failed: Operation not permitted" >&2; '
@@ -143,8 +143,8 @@ def test_the_gpu_nodes_are_bound_into_the_sandbox_where_they_exist(tmp_path: Pat
     devices = sandbox.gpu_devices()
     assert devices == tuple(str(tmp_path / n) for n in ("nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm"))
     args = sandbox.prefix("/usr/bin/bwrap", ("/r", "/locks"), devices)
-    assert args[:10] == ("/usr/bin/bwrap", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc",
-                         "/proc", "--bind") and args[-1] == "--"
+    assert args[:11] == ("/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/", "--dev",
+                         "/dev", "--proc", "/proc", "--bind") and args[-1] == "--"
     assert " ".join(args).count("--dev-bind-try") == 4 and "--bind-try /locks /locks" in " ".join(args)
 
 
@@ -166,3 +166,23 @@ def test_realize_required_exits_3_where_no_sandbox_can_be_had_and_auto_says_why_
     receipt = json.loads(Path(r.result["receipt"]).read_text())
     assert receipt["sandbox"]["used"] is False and "HERMETIC_BWRAP names" in receipt["sandbox"]["why_not"]
     assert any(rec.get("event") == "sandbox" for rec in r.records)
+
+
+@needs_bwrap
+def test_one_failed_probe_does_not_turn_the_sandbox_off_for_good_and_says_no_traceback(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """attack34 finding 9: a read-only ROOT/tmp once made the probe fail with a Python traceback, the "no" was
+    cached, and every later command ran without the sandbox. Now the probe says why in one line, and the next
+    command asks again (a yes is cached)."""
+    monkeypatch.delenv("HERMETIC_BWRAP", raising=False)
+    root = _root(tmp_path)
+    # the probe's file inside the root cannot be written once (a folder is in its place: root or not)
+    in_the_way = root.tmp / f"sandbox-probe-{os.getpid()}"
+    in_the_way.mkdir(parents=True)
+    found = sandbox.detect(root, tmp_path / "locks")
+    in_the_way.rmdir()
+    assert not found.works and "Traceback" not in found.why and 'File "' not in found.why, found.why
+    assert "Is a directory" in found.why, found.why
+    again = sandbox.detect(root, tmp_path / "locks")
+    assert again.works, again.why
+    assert len(list(root.cache_dir("sandbox").glob("*.json"))) == 1

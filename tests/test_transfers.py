@@ -49,6 +49,30 @@ def test_a_wheel_server_that_sends_a_byte_every_two_seconds_fails_within_the_dea
     assert _store_tmp_empty(hermetic.root)
 
 
+@pytest.mark.parametrize("where", ["a wheel URL in the lock", "the index"])
+def test_a_server_that_sends_its_headers_a_byte_every_two_seconds_fails_within_the_deadline(
+        tmp_path: Path, hermetic: Hermetic, where: str) -> None:
+    """The attack on issue 34's fix (finding 2): the status line, then one header byte every 2 s. The deadline
+    used to start with the body, so realize hung for good (killed at 200 s by the attacker; here the command's
+    60 s limit would fail the test); a watchdog now shuts the connection at the deadline, headers included."""
+    with slow_servers.serve("headers", interval=2.0) as server:
+        if where == "the index":
+            recipe = write_recipe(tmp_path / "r", "slowidx", f"slowidx==1.0 --hash=sha256:{'a' * 64}\n")
+            env = {**FAST_LIMITS, "PIP_RETRIES": "0", "PIP_INDEX_URL": f"{server.url}/simple"}
+        else:
+            recipe = write_recipe(tmp_path / "r", "slow", f"slow @ {server.url}/slow-1.0-py3-none-any.whl "
+                                                          f"--hash=sha256:{'a' * 64}\n")
+            env = {**FAST_LIMITS, "PIP_RETRIES": "0"}
+        start = time.monotonic()
+        res = hermetic("realize", recipe, env=env, timeout=60)
+        took = time.monotonic() - start
+    assert res.rc == 1, (res.rc, res.err)
+    assert "no complete response headers" in res.err and "HERMETIC_TRANSFER_GRACE" in res.err, res.err
+    assert "Traceback" not in res.err
+    assert took < 30, took            # grace 3 s, then the monitor's next look
+    assert _store_tmp_empty(hermetic.root)
+
+
 @pytest.fixture
 def wheel_in_index(tmp_path: Path, index: LoopbackIndex) -> Iterator[Path]:
     w = make_pkg(tmp_path / "whl", "remotely", "1.0")
@@ -66,6 +90,22 @@ def test_a_stalled_remote_cache_is_a_miss_with_a_warning(tmp_path: Path, hermeti
         took = time.monotonic() - start
     assert res.rc == 0, res.err
     assert "is unreachable" in res.err and "below the floor" in res.err, res.err
+    assert took < 30, took
+    assert _store_tmp_empty(hermetic.root)
+
+
+def test_a_remote_cache_that_sends_its_headers_a_byte_at_a_time_is_a_miss(tmp_path: Path, hermetic: Hermetic,
+                                                                          wheel_in_index: Path) -> None:
+    """The remote answers /cas/ with its status line and then a header byte every two seconds: before the fix
+    realize hung for good (even with HERMETIC_TRANSFER_GRACE=5 HERMETIC_REMOTE_CACHE_TIMEOUT=5); now the
+    watchdog stops the request at the deadline, the realize warns, leaves the remote and fetches from the
+    index."""
+    with slow_servers.serve("headers", interval=2.0) as remote:
+        start = time.monotonic()
+        res = hermetic("realize", wheel_in_index, "--remote-cache", remote.url, env=FAST_LIMITS, timeout=60)
+        took = time.monotonic() - start
+    assert res.rc == 0, res.err
+    assert "is unreachable" in res.err and "no complete response headers" in res.err, res.err
     assert took < 30, took
     assert _store_tmp_empty(hermetic.root)
 

@@ -59,8 +59,25 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     return 0
 
 
+# a root's name is a recipe's (and a variant's) name: the characters of an entry's name, never a path
+_ROOT_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+ROOT_NAME_MAX = 200
+
+
+def check_root_name(name: str, where: str) -> None:
+    """A root name given on the command line (``gc --drop-root NAME``): letters, digits, '.', '_' and '-', not
+    '.' or '..'; anything else (a path, above all) is bad input (exit 2), so that it never names a file
+    outside roots/ and profiles/."""
+    if not name or len(name) > ROOT_NAME_MAX or not set(name) <= _ROOT_NAME_CHARS or name in (".", ".."):
+        raise BadInput(f"{name!r} is not a root's name", where=where,
+                       hint="a root is named by its recipe (and variant: NAME.VARIANT): letters, digits, '.', '_' "
+                            "and '-'; `hermetic show` lists the roots")
+
+
 def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store import gc
+    for name in args.drop_root:
+        check_root_name(name, "--drop-root")
     if args.all:
         if args.dry_run:
             gc.check_remove_all(root)
@@ -159,10 +176,16 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
     from hermetic.store.roots import read_root, root_files
     for p in root_files(root.roots):
         try:
-            recipe = Path(read_root(p)["recipe"])
+            record = read_root(p)
         except (FileNotFoundError, BadRecord):
             continue  # dropped meanwhile, or a bad root repair could not remove: verify says so again
-        if recipe.is_file():
+        recipe = Path(record["recipe"])
+        if "imported_from" in record:   # the exporter's path: no realize here wrote it, nobody vouches for it
+            reporter.warn(f"root {p.stem} came from an archive ({record['imported_from']}): its recipe path "
+                          f"{recipe} is the exporter's, so repair does not realize it; realize its recipe yourself "
+                          f"(hermetic realize RECIPE), which makes the root this machine's", root=p.stem,
+                          archive=record["imported_from"])
+        elif recipe.is_file():
             realize(root, recipe, reporter, RealizeOptions(remote=remote, offline=offline, sandbox=sandbox))
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
@@ -268,6 +291,9 @@ def _shell_quote(v: str) -> str:
 
 def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.store.archive import export_closure
+    if os.path.isdir(args.archive):   # said now, by the name the user gave (not the temp file's beside it)
+        raise BadInput(f"the output {args.archive} is a folder: export writes one archive file",
+                       where=str(args.archive), hint=f"name a file, e.g. {Path(args.archive) / 'closure.tar.zst'}")
     stats = export_closure(root, args.archive, names=args.name, reporter=reporter, level=args.level,
                            sign=args.sign)
     reporter.event("export", f"wrote {args.archive}: {stats['entries']} entries, {stats['blobs']} blobs, "

@@ -42,6 +42,7 @@ SOURCE_VERSION = 1
 MAX_SOURCE_BYTES = 4 << 30   # a decompression bomb stops here, not at a full disk
 MAX_SOURCE_FILES = 200_000
 PATCH_TIMEOUT_S = 300.0
+MAX_PATCH_BYTES = 256 << 20
 SYSTEM_PATH = "/usr/bin:/bin"  # system tools (patch) come from here, never from a PATH
 
 
@@ -164,16 +165,31 @@ def link_variant_source(root: Root, recipe: str, variant: str, source: str, stor
 
 
 def _folder_key(folder: Path) -> str:
+    """The hash of a source folder's file map; a symlink, a FIFO, a socket or a device in it is bad input (exit 2)
+    naming it: hermetic would copy through the link, and a FIFO's read never ends."""
     entries = []
     for dirpath, dirnames, files in os.walk(folder):
         dirnames.sort()
         for f in sorted(files) + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             p = Path(dirpath) / f
-            if p.is_symlink():
-                raise BadInput(f"source folder holds a symlink: {p} -> {os.readlink(p)}", where=str(p),
-                               hint="sources must be regular files and folders: copy what it points at instead")
-            entries.append([p.relative_to(folder).as_posix(), fs.sha256_file(p)[0], os.access(p, os.X_OK)])
+            _only_regular(p)
+            try:
+                digest = fs.sha256_file(p, follow=False)[0]
+            except fs.NotRegularFile:   # replaced since it was looked at: judged again
+                _only_regular(p)
+                raise
+            entries.append([p.relative_to(folder).as_posix(), digest, os.access(p, os.X_OK)])
     return fs.sha256_bytes(fs.canonical_json(entries))
+
+
+def _only_regular(p: Path) -> None:
+    mode = os.lstat(p).st_mode
+    if stat.S_ISLNK(mode):
+        raise BadInput(f"source folder holds a symlink: {p} -> {os.readlink(p)}", where=str(p),
+                       hint="sources must be regular files and folders: copy what it points at instead")
+    if not stat.S_ISREG(mode):
+        raise BadInput(f"source folder holds {fs.kind_of(mode)}, not a regular file: {p}", where=str(p),
+                       hint="sources must be regular files and folders: move it out of the source folder")
 
 
 def _copy_folder(folder: Path, out: Path) -> None:
@@ -321,7 +337,9 @@ def _write_member(fin: IO[bytes], dst: Path, declared: int, src: Source) -> None
                        hint="the archive is hostile or damaged") from None
 
 
-_PATCH_PATH = re.compile(r"^(?:---|\+\+\+) (\S+)")
+_PATCH_PATH = re.compile(r"^(?:---|\+\+\+|\*\*\*) (\S+)")   # unified (---, +++) and context (***, ---) headers
+# a context diff's hunk ranges ("*** 1,3 ****", "--- 1 ----") and separator: no path, whatever the format
+_CONTEXT_RANGE = re.compile(r"^(?:\*\*\* \d+(?:,\d+)? \*\*\*\*|--- \d+(?:,\d+)? ----|\*{15})\s*$")
 _GIT_DIFF = re.compile(r"^diff --git (.*)$")
 _MODE_HEADERS = ("old mode", "new mode", "new file mode", "deleted file mode")
 _INDEX_LINE = re.compile(r"^index [0-9a-f]{4,64}\.\.[0-9a-f]{4,64}(?: (\d+))?$")
@@ -343,6 +361,8 @@ def check_patch(text: str, patch: Path) -> None:
         return BadInput(f"the patch {why}", where=f"{patch}:{lineno}", hint=PATCH_HINT)
 
     for lineno, line in enumerate(text.splitlines(), 1):
+        if _CONTEXT_RANGE.match(line):
+            continue
         if m := _PATCH_PATH.match(line):
             if m.group(1) != "/dev/null":
                 _check_patch_path(m.group(1), patch, lineno)
@@ -417,8 +437,14 @@ def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float 
     patch is the system's (/usr/bin, /bin: never a PATH's), run like a compiler: in a session of its own that
     dies with hermetic, and stopped past ``timeout`` (a patch applies in milliseconds; one that does not is
     stuck, on a stalled file system say)."""
-    try:
-        text = patch.read_text(errors="replace")
+    try:   # a regular file (never a FIFO: its read would wait for good), of a patch's size
+        text = fs.read_regular(patch, MAX_PATCH_BYTES, follow=True).decode(errors="replace")
+    except fs.NotRegularFile as e:
+        raise BadInput(f"the patch is {e.strerror}", where=str(patch), hint="a patch is a file of a unified diff") \
+            from None
+    except ValueError as e:
+        raise BadInput(f"the patch is too large: {e}", where=str(patch), hint="a patch is a file of a unified diff") \
+            from None
     except OSError as e:
         raise path_error(e, doing="cannot read the patch") or e from None
     check_patch(text, patch)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from packaging.tags import Tag, sys_tags
 
@@ -34,6 +34,7 @@ from hermetic.fetch.session import (
     transient_errors,
     with_retries,
 )
+from hermetic.fetch.watchdog import Watchdog
 from hermetic.reporter import ProgressTask, Reporter
 from hermetic.urls import redact
 
@@ -124,11 +125,13 @@ class Fetcher:
             except OSError:
                 size = None
         elif size is None and url.split(":", 1)[0].lower() in ("http", "https"):
-            try:  # the response's headers only: its body is never read
-                resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
-                with resp:
-                    length = resp.headers.get("Content-Length", "")
-                    size = int(length) if resp.status_code < 400 and length.isdigit() else None
+            try:  # the response's headers only (under the deadline): its body is never read
+                with Watchdog(self.limits, filename):
+                    resp = http_get(self.session, url, self.config, stream=True,
+                                    headers={"Accept-Encoding": "identity"})
+                    with resp:
+                        length = resp.headers.get("Content-Length", "")
+                        size = int(length) if resp.status_code < 400 and length.isdigit() else None
             except (TransientError, UnavailableError):
                 size = None
         return Located(filename, size, redact(url))
@@ -142,14 +145,23 @@ class Fetcher:
                            hint="fix the path in the lock, or restore the file") from None
 
     def _copy_local(self, wheel: LockedWheel, path: Path, url: str, filename: str) -> Downloaded:
+        """A local file (a path or a file: URL) copied like a download: a regular file only (a FIFO would hang the
+        read, a link to /dev/zero never end), never past the size it has when opened (a file's size declares it,
+        as a Content-Length does) nor the lock's."""
         try:
-            f = path.open("rb")
+            fd = fs.open_regular(path)
+        except fs.NotRegularFile as e:
+            raise UnavailableError(f"{path} is {e.strerror}: hermetic copies only regular files") from None
         except OSError as e:
             raise UnavailableError(f"cannot read {path}: {e.strerror or e}") from None
-        with f:
+        with open(fd, "rb") as f:
             total = os.fstat(f.fileno()).st_size
             self._check_size(wheel, total, url, filename)
-            return self._write(wheel, iter(lambda: f.read(CHUNK), b""), total, filename, url)
+            try:
+                return self._write(wheel, _at_most(f, total), total, filename, url)
+            except TooLarge:
+                raise UnavailableError(f"{path} grew past the {total} bytes it held when it was opened; it is "
+                                       "being written: copy it again once it is complete") from None
 
     def _from_url(self, wheel: LockedWheel, url: str) -> Downloaded:
         scheme = url.split(":", 1)[0].lower()
@@ -215,7 +227,13 @@ class Fetcher:
     def _download_once(self, wheel: LockedWheel, url: str, filename: str, listed: int | None) -> Downloaded:
         """One GET under the transfer's deadline, never past the size the lock, the index (``listed``) or the
         server declares (the smallest), or the cap where none does."""
-        # identity: Content-Length and the locked hash are about the bytes of the file, not a gzip of them
+        # identity: Content-Length and the locked hash are about the bytes of the file, not a gzip of them; the
+        # deadline from the request on, its headers included (a server may send those a byte at a time too)
+        with Watchdog(self.limits, filename) as watchdog:
+            return self._download_watched(wheel, url, filename, listed, watchdog)
+
+    def _download_watched(self, wheel: LockedWheel, url: str, filename: str, listed: int | None,
+                          watchdog: Watchdog) -> Downloaded:
         resp = http_get(self.session, url, self.config, stream=True, headers={"Accept-Encoding": "identity"})
         with resp:
             if resp.status_code >= 400:
@@ -226,7 +244,7 @@ class Fetcher:
                 self._check_size(wheel, total, url, filename)
             declared = [n for n in (wheel.size, listed, total) if n is not None]
             cap = min(declared) if declared else self.limits.cap
-            body = read_body(resp, filename, self.limits, cap=cap)
+            body = read_body(resp, filename, self.limits, cap=cap, watchdog=watchdog)
             try:
                 return self._write(wheel, body, total, filename, url)
             except TooLarge as e:
@@ -286,6 +304,16 @@ class Fetcher:
             self.reporter.event("fetch-retry", f"{redact(url)}: {err}; retry {attempt} of "
                                 f"{self.config.retries} in {delay:.1f}s", url=redact(url), error=str(err),
                                 attempt=attempt)
+
+
+def _at_most(f: IO[bytes], limit: int) -> Iterator[bytes]:
+    """A local file's bytes in pieces, never more than ``limit`` (TooLarge past it: nothing more is read)."""
+    done = 0
+    while chunk := f.read(min(CHUNK, limit + 1 - done)):
+        done += len(chunk)
+        if done > limit:
+            raise TooLarge(f"more than {limit} bytes", limit)
+        yield chunk
 
 
 def _guarded(chunks: Iterable[bytes]) -> Iterator[bytes]:

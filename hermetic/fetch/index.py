@@ -29,6 +29,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from hermetic import fs
 from hermetic.fetch.pipconfig import PipConfig
 from hermetic.fetch.session import (
     TransferLimits,
@@ -40,6 +41,7 @@ from hermetic.fetch.session import (
     transient_errors,
     with_retries,
 )
+from hermetic.fetch.watchdog import Watchdog
 from hermetic.urls import file_url_path, redact, same_origin
 
 if TYPE_CHECKING:
@@ -140,7 +142,7 @@ class IndexClient:
                 return self._missing()
             page = root / project / "index.html"
             if page.is_file():
-                return _parse_html(page.read_text("utf-8", errors="replace"), page.resolve().as_uri())
+                return _parse_html(_local_page(page), page.resolve().as_uri())
             return _list_dir(root / project) if (root / project).is_dir() else []
         url = index.rstrip("/") + f"/{project}/"
         return self._retrying(url, lambda: self._read_page(url) or [])
@@ -152,7 +154,7 @@ class IndexClient:
         if path.is_dir():
             return _list_dir(path)
         if path.is_file():
-            return _parse_html(path.read_text(encoding="utf-8", errors="replace"), path.resolve().as_uri())
+            return _parse_html(_local_page(path), path.resolve().as_uri())
         return self._missing()
 
     def _missing(self) -> list[Candidate]:
@@ -162,7 +164,13 @@ class IndexClient:
         return []
 
     def _read_page(self, url: str) -> list[Candidate] | None:
-        """A project page over http(s); None for 404/410 ("no files here" is not an error)."""
+        """A project page over http(s); None for 404/410 ("no files here" is not an error). Under the transfer's
+        deadline from the request on (``Watchdog``: its headers too) and a cap: a page that never ends or
+        trickles holds nothing up."""
+        with Watchdog(self.limits, "the index page") as watchdog:
+            return self._read_page_watched(url, watchdog)
+
+    def _read_page_watched(self, url: str, watchdog: Watchdog) -> list[Candidate] | None:
         resp = http_get(self.session, url, self.config, stream=True, headers={"Accept": ACCEPT})
         with resp:
             if resp.status_code in (404, 410):
@@ -171,9 +179,9 @@ class IndexClient:
                 raise UnavailableError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
             ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
             base = _with_credentials_of(url, resp.url or url)
-            # under the transfer's deadline and a cap: a page that never ends or trickles holds nothing up
             try:
-                data = b"".join(read_body(resp, "the index page", self.limits, cap=MAX_PAGE_BYTES, decode=True))
+                data = b"".join(read_body(resp, "the index page", self.limits, cap=MAX_PAGE_BYTES, decode=True,
+                                          watchdog=watchdog))
             except transient_errors() as e:
                 raise TransientError(describe_error(e)) from None
             if ctype == JSON_TYPE:
@@ -221,6 +229,16 @@ def _parse_json(data: Any, page: str) -> list[Candidate]:
         size = f.get("size") if isinstance(f.get("size"), int) else None
         out.append(_candidate(page, f["url"], sha, size, bool(f.get("yanked", False))))
     return out
+
+
+def _local_page(path: Path) -> str:
+    """A local index page (find-links' HTML file): a regular file (never a FIFO that would hang the read), read up
+    to the cap of any index page."""
+    try:
+        data = fs.read_regular(path, MAX_PAGE_BYTES, follow=True)
+    except (OSError, ValueError) as e:
+        raise UnavailableError(f"cannot read {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    return data.decode("utf-8", errors="replace")
 
 
 def _list_dir(path: Path) -> list[Candidate]:

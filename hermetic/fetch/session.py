@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
 from hermetic.fetch.pipconfig import PipConfig
+from hermetic.fetch.watchdog import Watchdog, current_watchdog
 from hermetic.urls import redact_text
 
 if TYPE_CHECKING:
@@ -102,22 +103,50 @@ class Deadline:
                           f"{self.limits.floor} bytes a second after {self.limits.grace:g} s ({ENV_FLOOR})")
 
 
+def stopped(watchdog: Watchdog) -> TooSlow:
+    """The error of a transfer its watchdog stopped at the deadline: before its response headers, or after."""
+    elapsed = time.monotonic() - watchdog.started
+    floor = f"below the floor of {watchdog.limits.floor} bytes a second after {watchdog.limits.grace:g} s"
+    if watchdog.answered:
+        return TooSlow(f"{watchdog.what}: {watchdog.done} bytes in {elapsed:.0f} s, {floor} ({ENV_FLOOR})")
+    return TooSlow(f"{watchdog.what}: no complete response headers in {elapsed:.0f} s, {floor} ({ENV_GRACE}, "
+                   f"{ENV_FLOOR})")
+
+
+def stopped_or(watchdog: Watchdog | None, e: Exception) -> Exception:
+    """What a failed transfer raises: ``stopped`` when its watchdog stopped it, else ``e`` itself."""
+    return stopped(watchdog) if watchdog is not None and watchdog.fired else e
+
+
 READ = 1 << 16
 
 
 def read_body(resp: requests.Response, what: str, limits: TransferLimits, *, cap: int,
-              decode: bool = False) -> Iterator[bytes]:
+              decode: bool = False, watchdog: Watchdog | None = None) -> Iterator[bytes]:
     """The body of a streamed response in pieces as they arrive (``read1``: a slow server cannot hold one
     read for long), under its whole-transfer deadline, and never past ``cap`` bytes (TooLarge: nothing past
-    the cap is read). ``decode``: undo a Content-Encoding (pages); wheels and blobs are hashed as sent."""
+    the cap is read). ``watchdog``: the transfer's, started with its request (the deadline then counts from
+    there, and a read it stops is TooSlow). ``decode``: undo a Content-Encoding (pages); wheels and blobs are
+    hashed as sent."""
     deadline = Deadline(limits, what)
+    if watchdog is not None:
+        deadline.started = watchdog.started   # the deadline counts from the request
     raw = resp.raw
     done = 0
     while True:
-        piece = raw.read1(READ, decode_content=decode)
+        try:
+            piece = raw.read1(READ, decode_content=decode)
+        except Exception:
+            if watchdog is not None and watchdog.fired:
+                raise stopped(watchdog) from None
+            raise
         if not piece:
+            if watchdog is not None and watchdog.fired:   # the shut-down connection read as the body's end
+                raise stopped(watchdog)
             return
         done += len(piece)
+        if watchdog is not None:
+            watchdog.done = done
         if done > cap:
             raise TooLarge(f"{what}: more than {cap} bytes", cap)
         deadline.check(done)
@@ -128,13 +157,18 @@ class PacedReader:
     """A file being uploaded, read by the HTTP client under the whole-transfer deadline (a server that reads
     a few bytes a second would otherwise hold an upload for good): each ``read`` checks it."""
 
-    def __init__(self, f: IO[bytes], limits: TransferLimits, what: str) -> None:
+    def __init__(self, f: IO[bytes], limits: TransferLimits, what: str, watchdog: Watchdog | None = None) -> None:
         self.f, self.deadline, self.done = f, Deadline(limits, what), 0
+        self.watchdog = watchdog
+        if watchdog is not None:
+            self.deadline.started = watchdog.started
 
     def read(self, n: int = -1) -> bytes:
         self.deadline.check(self.done)
         data = self.f.read(n)
         self.done += len(data)
+        if self.watchdog is not None:
+            self.watchdog.done = self.done
         return data
 
 
@@ -187,17 +221,29 @@ def http_get(session: requests.Session, url: str, config: PipConfig, *, stream: 
     import requests
     import urllib3
     verify = verify_for(url, config)
+    watchdog = current_watchdog()   # the caller's transfer (its request, then its body)
     try:
         with warnings.catch_warnings():
             if verify is False:  # the user chose --trusted-host: no warning per request, as in pip
                 warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
             resp = session.get(url, headers=headers, stream=stream, timeout=config.timeout, verify=verify)
     except requests.exceptions.SSLError as e:
+        if watchdog is not None and watchdog.fired:
+            raise stopped(watchdog) from None
         raise UnavailableError(tls_failure(url, config, e)) from None
     except transient_errors() as e:
+        if watchdog is not None and watchdog.fired:
+            raise stopped(watchdog) from None
         raise TransientError(describe_error(e)) from None
     except requests.RequestException as e:
+        if watchdog is not None and watchdog.fired:
+            raise stopped(watchdog) from None
         raise UnavailableError(describe_error(e)) from None
+    if watchdog is not None:
+        if watchdog.fired:   # the headers "ended" because the watchdog shut the connection: no answer
+            resp.close()
+            raise stopped(watchdog)
+        watchdog.answered = True
     if resp.status_code == 429 or resp.status_code >= 500:
         resp.close()
         raise TransientError(f"HTTP {resp.status_code} {resp.reason or ''}".strip())
@@ -239,8 +285,9 @@ def make_session(config: PipConfig) -> requests.Session:
     """One session for every request: connection reuse, and pip's certificate and proxy settings."""
     import requests
 
-    from hermetic.fetch import trust
+    from hermetic.fetch import trust, watched
     session = requests.Session()
+    watched.mount(session)   # every request under its transfer's watchdog, headers included
     session.headers["User-Agent"] = f"hermetic/{_version()}"
     session.verify = config.cert or True
     trust.mount(session, config)

@@ -19,9 +19,10 @@ from types import ModuleType
 from typing import Any
 
 import requests
-from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
+from requests.adapters import DEFAULT_POOLBLOCK
 
 from hermetic.fetch.pipconfig import PipConfig
+from hermetic.fetch.watched import WatchedAdapter
 
 
 def truststore_context() -> ssl.SSLContext | None:
@@ -44,8 +45,9 @@ def _truststore() -> ModuleType | None:
     return truststore
 
 
-class TrustAdapter(HTTPAdapter):
-    """requests' adapter, verifying through ``ssl_context`` for direct and proxied connections alike."""
+class TrustAdapter(WatchedAdapter):
+    """requests' adapter, verifying through ``ssl_context`` for direct and proxied connections alike (on
+    watched connections: ``fetch.watched``)."""
 
     def __init__(self, ssl_context: ssl.SSLContext, **kwargs: Any) -> None:
         self._ssl_context = ssl_context
@@ -74,7 +76,7 @@ def mount(session: requests.Session, config: PipConfig) -> None:
     if ctx is None:
         return
     session.mount("https://", TrustAdapter(ctx))
-    unverified = HTTPAdapter()
+    unverified = WatchedAdapter()
     for host in config.trusted_hosts:
         netloc = f"[{host}]" if host.count(":") > 1 and not host.startswith("[") else host
         session.mount(f"https://{netloc}/", unverified)

@@ -7,7 +7,9 @@ Any server of that protocol works: nginx with WebDAV (``remote/nginx.conf``), ba
 * 404, and 204 on a GET (nginx's answer for an empty entry, per Bazel), mean "not there"; redirects are not
   followed;
 * uploads send Content-Length (bazel-remote answers 400 to chunked uploads);
-* every transfer runs under the whole-transfer deadline and the size cap (``fetch.session.TransferLimits``).
+* every transfer runs under the whole-transfer deadline and the size cap (``fetch.session.TransferLimits``),
+  enforced by its watchdog (``fetch.watchdog``) from the request to the body's last byte, the response headers
+  included: a stall anywhere is ``Unreachable``.
 
 Credentials arrive in the settings (``remote.settings``) and are never printed. requests is imported only
 when a client is made.
@@ -27,6 +29,7 @@ from hermetic.reporter import Reporter
 if TYPE_CHECKING:
     import requests
 
+    from hermetic.fetch.watchdog import Watchdog
     from hermetic.remote.storage import Storage
 
 
@@ -36,9 +39,11 @@ class BazelHttpCache:
     def __init__(self, settings: RemoteSettings) -> None:
         import requests
 
+        from hermetic.fetch import watched
         from hermetic.fetch.session import TransferLimits
         self.url, self.timeout = settings.url, settings.timeout
         self.session = requests.Session()
+        watched.mount(self.session)   # every request under its transfer's watchdog, headers included
         self.session.headers["User-Agent"] = "hermetic"
         if settings.auth is not None:
             self.session.auth = settings.auth
@@ -50,20 +55,28 @@ class BazelHttpCache:
         self.session.close()
 
     def get(self, area: Area, key: str, limit: int) -> _Body | None:
-        resp = self._request("GET", area, key, stream=True)
+        what = f"{area}/{key[:16]}…"
+        watchdog = self._watchdog(what).__enter__()   # until the body is closed: its request and every byte
+        try:
+            resp = self._request("GET", area, key, watchdog, stream=True)
+            if resp is not None:
+                length = resp.headers.get("Content-Length", "")
+                if length.isdigit() and int(length) > limit:  # refused before a byte is read
+                    resp.close()
+                    raise TooLarge(limit, int(length))
+        except BaseException:
+            watchdog.__exit__(None, None, None)
+            raise
         if resp is None:
+            watchdog.__exit__(None, None, None)
             return None
-        length = resp.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) > limit:  # refused before a byte is read
-            resp.close()
-            raise TooLarge(limit, int(length))
-        return _Body(resp, self._pieces(resp, f"{area}/{key[:16]}…", limit))
+        return _Body(resp, self._pieces(resp, what, limit, watchdog), watchdog)
 
-    def _pieces(self, resp: requests.Response, what: str, limit: int) -> Iterator[bytes]:
+    def _pieces(self, resp: requests.Response, what: str, limit: int, watchdog: Watchdog) -> Iterator[bytes]:
         from hermetic.fetch.session import TooLarge as BodyTooLarge
         from hermetic.fetch.session import read_body
         try:
-            yield from read_body(resp, what, self.limits, cap=limit, decode=True)
+            yield from read_body(resp, what, self.limits, cap=limit, decode=True, watchdog=watchdog)
         except BodyTooLarge:
             raise TooLarge(limit) from None
         except Exception as e:
@@ -72,25 +85,42 @@ class BazelHttpCache:
     def put(self, area: Area, key: str, body: bytes | Path) -> None:
         # Content-Length always: bazel-remote refuses uploads without it, Bazel never sends chunked ones
         headers = {"Content-Type": "application/octet-stream"}
-        if isinstance(body, bytes):
-            self._request("PUT", area, key, data=body, headers={**headers, "Content-Length": str(len(body))})
-            return
-        from hermetic.fetch.session import PacedReader
-        with open(body, "rb") as f:  # paced: a server that reads a byte a second fails the deadline
-            size = os.fstat(f.fileno()).st_size
-            self._request("PUT", area, key, data=PacedReader(f, self.limits, f"{area}/{key[:16]}…"),
-                          headers={**headers, "Content-Length": str(size)})
+        what = f"PUT {area}/{key[:16]}…"
+        with self._watchdog(what) as watchdog:
+            if isinstance(body, bytes):
+                self._request("PUT", area, key, watchdog, data=body,
+                              headers={**headers, "Content-Length": str(len(body))})
+                return
+            from hermetic.fetch.session import PacedReader
+            with open(body, "rb") as f:  # paced: a server that reads a byte a second fails the deadline
+                size = os.fstat(f.fileno()).st_size
+                self._request("PUT", area, key, watchdog, data=PacedReader(f, self.limits, what, watchdog),
+                              headers={**headers, "Content-Length": str(size)})
 
     def has(self, area: Area, key: str) -> bool:
-        return self._request("HEAD", area, key) is not None
+        with self._watchdog(f"HEAD {area}/{key[:16]}…") as watchdog:
+            return self._request("HEAD", area, key, watchdog) is not None
 
-    def _request(self, method: str, area: Area, key: str, **kwargs: Any) -> requests.Response | None:
-        """A 2xx answer (its body unread where streamed, closed otherwise); None for "not there"."""
+    def _watchdog(self, what: str) -> Watchdog:
+        """The whole-transfer deadline of one request and its body, its response headers included."""
+        from hermetic.fetch.watchdog import Watchdog
+        return Watchdog(self.limits, what)
+
+    def _request(self, method: str, area: Area, key: str, watchdog: Watchdog,
+                 **kwargs: Any) -> requests.Response | None:
+        """A 2xx answer (its body unread where streamed, closed otherwise); None for "not there". Sent inside
+        ``watchdog``'s block: a stall before the headers are complete is ``Unreachable`` too."""
+        from hermetic.fetch.session import stopped_or
         try:
             resp = self.session.request(method, f"{self.url}/{area}/{key}", timeout=self.timeout,
                                         allow_redirects=False, **kwargs)
         except Exception as e:
+            e = stopped_or(watchdog, e)   # stopped at the deadline: TooSlow
             raise _transport(e) or e from None
+        if watchdog.fired:   # the headers "ended" because the watchdog shut the connection: no answer
+            resp.close()
+            raise _transport(stopped_or(watchdog, ConnectionError())) or ConnectionError() from None
+        watchdog.answered = True
         status = resp.status_code
         if method in ("GET", "HEAD") and status in (404, 204):
             resp.close()
@@ -104,22 +134,27 @@ class BazelHttpCache:
 
 
 class _Body:
-    """A response's body as ``backend.Body``: its pieces under the transfer's deadline; closing it closes the
-    response, whether or not a piece was read."""
+    """A response's body as ``backend.Body``: its pieces under the transfer's watchdog; closing it closes the
+    response and ends the watchdog, whether or not a piece was read."""
 
-    def __init__(self, resp: requests.Response, pieces: Iterator[bytes]) -> None:
-        self.resp, self.pieces = resp, pieces
+    def __init__(self, resp: requests.Response, pieces: Iterator[bytes], watchdog: Watchdog) -> None:
+        self.resp, self.pieces, self.watchdog = resp, pieces, watchdog
+        self.closed = False
 
     def __iter__(self) -> Iterator[bytes]:
         return self.pieces
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         try:
             close = getattr(self.pieces, "close", None)
             if close is not None:
                 close()
         finally:
             self.resp.close()
+            self.watchdog.__exit__(None, None, None)
 
 
 def _transport(e: Exception) -> Unreachable | None:

@@ -34,11 +34,10 @@ def pick_device(requested: str) -> str:
 def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, what: str) -> tuple[fs.FileLock, float]:
     """flock ``directory/name``, waiting up to ``timeout`` seconds; (lock, seconds waited)."""
     path = directory / name
-    lock = fs.FileLock(path, timeout=timeout, what=what)
+    lock = fs.FileLock(path, timeout=timeout, what=what, single_link=True)
     try:
-        if not directory.exists():
-            directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(directory, 0o1777)  # every user creates lock files here; the sticky bit guards them
+        if not os.path.lexists(directory):
+            _make_shared_folder(directory)
         t0 = time.monotonic()
         got = lock.acquire(blocking=False)
     except OSError as e:
@@ -58,18 +57,31 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
         wait.close(f"took the lock on {what} after {time.monotonic() - t0:.1f} s")
     lock.note(f"pid {os.getpid()} on {socket.gethostname()} since "
               f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
-    try:
-        os.chmod(path, 0o666)
-    except OSError:
-        pass
+    lock.share_with_everyone()   # through the held descriptor, on a file of ours only
     return lock, time.monotonic() - t0
 
 
-def _holder(path: Path) -> str:
-    """Who holds a lock, as its holder wrote it into the file ("pid N on HOST since TIME"), or ""."""
+def _make_shared_folder(directory: Path) -> None:
+    """The lock folder, made for every user (1777: each creates lock files here; the sticky bit guards them),
+    chmodded through the descriptor of the folder just made, never through a link put in its place."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return path.read_text().strip()
-    except OSError:
+        os.mkdir(directory, 0o755)
+    except FileExistsError:
+        return   # made meanwhile by another process (or something else is there: the lock's open says so)
+    fd = fs.open_dir(directory)
+    try:
+        os.fchmod(fd, 0o1777)
+    finally:
+        os.close(fd)
+
+
+def _holder(path: Path) -> str:
+    """Who holds a lock, as its holder wrote it into the file ("pid N on HOST since TIME"), or "": read without
+    following a link and without blocking on a FIFO."""
+    try:
+        return fs.read_regular(path, 4096).decode(errors="replace").strip()
+    except (OSError, ValueError):
         return ""
 
 

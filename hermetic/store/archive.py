@@ -289,7 +289,7 @@ def import_closure(root: Root, archive: Path, *, reporter: Reporter,
         blob_files = {b: p for b, p in blob_files.items() if b in wanted}
         _check_hosts(host, kept, archive)
         new_blobs = sum(not store.has_blob(*split_blob_name(b)) for b in blob_files)
-        _publish(root, store, kept, roots, blob_files)
+        _publish(root, store, kept, _as_imported(roots, archive), blob_files)
     except (zstandard.ZstdError, tarfile.TarError, EOFError) as e:
         raise BadInput(f"archive {archive.name} is damaged: {e}", where=str(archive),
                        hint="copy it again; nothing was imported") from None
@@ -503,6 +503,19 @@ def _needed_blobs(meta: dict[str, Any]) -> set[str]:
     elif meta["kind"] == "module":
         needed.add(meta["so"])
     return needed
+
+
+def _as_imported(roots: dict[str, bytes], archive: Path) -> dict[str, bytes]:
+    """The archive's gc roots as this root keeps them: marked imported, from which archive. A root's ``recipe`` is
+    the exporter's path, vouched for by nobody (no signature covers what it would run): ``verify --repair``
+    realizes only recipes a realize on this machine wrote into a root, and a local realize of the recipe
+    rewrites its root without the mark."""
+    out = {}
+    for name, data in roots.items():
+        record = json.loads(data)   # checked by root_problem already
+        record["imported_from"] = os.path.abspath(archive)
+        out[name] = fs.pretty_json(record)
+    return out
 
 
 def _publish(root: Root, store: Store, metas: dict[str, Any], roots: dict[str, bytes],

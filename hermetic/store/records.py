@@ -169,6 +169,7 @@ class RootRecord(TypedDict):
     recipe: str            # the recipe's path when it was written (repair realizes it again from there)
     profile: str
     refs: list[str]
+    imported_from: NotRequired[str]   # the archive it came from: its recipe is the exporter's, repair never runs it
 
 
 class ReceiptHead(TypedDict):
@@ -296,9 +297,12 @@ def root_problem(record: object) -> str | None:
     """Why ``record`` is not a gc root (``RootRecord``), or None."""
     if not isinstance(record, dict):
         return f"it is a JSON {type(record).__name__}, not an object"
-    return _missing(record, {"format": _is_int, "name": lambda v: isinstance(v, str) and bool(v),
-                             "recipe": lambda v: isinstance(v, str), "profile": lambda v: isinstance(v, str),
-                             "refs": _is_ref_list})
+    why = _missing(record, {"format": _is_int, "name": lambda v: isinstance(v, str) and bool(v),
+                            "recipe": lambda v: isinstance(v, str), "profile": lambda v: isinstance(v, str),
+                            "refs": _is_ref_list})
+    if why is None and "imported_from" in record and not isinstance(record["imported_from"], str):
+        return f"its 'imported_from' is malformed ({_short(record['imported_from'])})"
+    return why
 
 
 def receipt_problem(record: object) -> str | None:

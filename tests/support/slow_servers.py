@@ -1,7 +1,8 @@
 """Hostile HTTP servers on loopback (issue 34, item 6): one that answers a GET with its headers and then one
-byte every few seconds (a per-read timeout never fires), and one that streams bytes with no Content-Length
-until the client hangs up. Both count what they sent. ``/ac/`` is always a miss (404), so either can stand in
-for a Bazel HTTP cache whose blobs (``/cas/``) are the hostile part."""
+byte every few seconds (a per-read timeout never fires), one that sends its status line and then its headers one
+byte every few seconds (``headers``: the attack on issue 34's fix), and one that streams bytes with no
+Content-Length until the client hangs up. Each counts what it sent. ``/ac/`` is always a miss (404), so any
+can stand in for a Bazel HTTP cache whose blobs (``/cas/``) are the hostile part."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class Sent:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    mode = "trickle"          # "trickle" or "flood"
+    mode = "trickle"          # "trickle", "headers" or "flood"
     interval = 2.0            # trickle: seconds between bytes
     declared = 1 << 20        # trickle: the Content-Length it claims
     flood_total = 64 << 20    # flood: bytes it sends at most, then closes
@@ -51,6 +52,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.mode == "trickle":
                 self._trickle()
+            elif self.mode == "headers":
+                self._header_trickle()
             else:
                 self._flood()
         except (BrokenPipeError, ConnectionResetError):
@@ -63,6 +66,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for _ in range(self.declared):
             self.wfile.write(b"x")
+            self.wfile.flush()
+            with self.sent.lock:
+                self.sent.bytes += 1
+            time.sleep(self.interval)
+
+    def _header_trickle(self) -> None:
+        """The status line, then one byte of a header every ``interval`` seconds: the headers never end."""
+        self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        self.wfile.flush()
+        for _ in range(100_000):
+            self.wfile.write(b"X")
             self.wfile.flush()
             with self.sent.lock:
                 self.sent.bytes += 1
@@ -91,7 +105,7 @@ class SlowServer:
 
 @contextmanager
 def serve(mode: str, **settings: float) -> Iterator[SlowServer]:
-    """``mode``: "trickle" (``interval``, ``declared``) or "flood" (``flood_total``)."""
+    """``mode``: "trickle" (``interval``, ``declared``), "headers" (``interval``) or "flood" (``flood_total``)."""
     sent = Sent()
     handler = type("H", (_Handler,), {"mode": mode, "sent": sent, **settings})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
