@@ -236,8 +236,8 @@ WRITER_ROOMS = ("hermetic/store/",)
 WRITE_ALLOWED = {
     "hermetic/run/child.py": "the measuring process imports nothing from hermetic (it runs in the host "
                              "interpreter inside the realized environment); it writes its results file once",
-    "hermetic/extensions/costwrap.py": "the compile wrapper runs under ninja without site or hermetic (python -S); it "
-                                  "writes one small JSON file, through a temp file renamed into place",
+    "hermetic/extensions/costwrap.py": "the compile wrapper runs under ninja without site or hermetic (python -S); "
+                                       "it writes one small JSON file, through a temp file renamed into place",
     "hermetic/run/pipeline.py": "the worker's log, written line by line while the child prints: a growing log "
                                 "cannot be written atomically",
 }
