@@ -56,7 +56,10 @@ def _pins(store: Store) -> list[str]:
 
 
 def test_names_and_references() -> None:
-    assert split_refs([entry_ref("e1"), blob_ref("b1"), "future:thing", entry_ref("e2")]) == (["e1", "e2"], ["b1"])
+    e1, e2, b1 = entry_name("a" * 64, "e1"), entry_name("b" * 64, "e2"), "c" * 64 + "x"
+    assert split_refs([entry_ref(e1), blob_ref(b1), "future:thing", entry_ref(e2)]) == ([e1, e2], [b1])
+    # a name no entry or blob has (it could only be a path) is ignored, never followed
+    assert split_refs([entry_ref("../../etc"), blob_ref("b1"), entry_ref("e1")]) == ([], [])
     name = entry_name("ab" * 32, "mod-x/../y z")
     assert name.startswith("ab" * 16 + "-") and len(name.split("-", 1)[0]) == 32
     assert "/" not in name and " " not in name
