@@ -142,6 +142,8 @@ class Span:
 
 
 SPANS: list[Span] = []          # every child this process started, in the order they ended
+# called as each child ends, with its command line, seconds and exit status (None: stopped): -vv's debug lines
+WATCHERS: list[Callable[[Sequence[str], float, int | None], None]] = []
 _CONFINEMENT: list[Confinement | None] = [None]
 MAX_REFUSALS = 50               # kept per confinement; the first ones say enough
 
@@ -281,6 +283,8 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         finished = True
     finally:
         SPANS.append(Span(began, time.time(), program, confinement is not None))
+        for watch in WATCHERS:
+            watch(argv, SPANS[-1].end - began, proc.returncode)
         if timer is not None:
             timer.cancel()
             timer.join()
