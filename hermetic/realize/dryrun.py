@@ -99,8 +99,8 @@ def say(plan: Plan, reporter: Reporter, heading: str = "") -> None:
                       for o in m.objects or ()]
     lines += [f"  note: {n}" for n in plan.notes]
     unknown = plan.fetch_bytes_unknown()
-    total = f"fetch {plural(c.fetched, 'wheels')} ({_size(c.fetched_bytes)}" + \
-        (f", and {unknown} of unknown size)" if unknown else ")")
+    known = f"{_size(c.fetched_bytes)}, and {unknown} of unknown size" if unknown else _size(c.fetched_bytes)
+    total = f"fetch {plural(c.fetched, 'wheels')} ({'size unknown' if unknown and not c.fetched_bytes else known})"
     o = c.objects
     objects = (f"; compile {plural(o.compiled + o.uncacheable, 'objects')}, reuse {o.reused}, reuse "
                f"{o.reused_variant} across variants; link {plural(c.modules_linked or 0, 'modules')}"
