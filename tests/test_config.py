@@ -82,6 +82,17 @@ def test_where_each_value_came_from_is_said(tmp_path: Path) -> None:
     both = h(*args, env={"HERMETIC_JOBS": "5", "MAX_JOBS": "6"}).result["settings"]["jobs"]
     assert (both["value"], both["origin"]) == (5, "HERMETIC_JOBS")
     assert h(*args, env={"MAX_JOBS": "6"}).result["settings"]["jobs"]["origin"] == "MAX_JOBS"
+    # paths in a file are the file's folder's; a URL's credentials are never shown
+    user = tmp_path / "xdg" / "hermetic" / "hermetic.toml"
+    user.write_text('trusted_keys = ["team.pub", "/keys/other.pub"]\nlock_dir = "locks"\n'
+                    '[remote]\nurl = "https://me:secret@cache.example/c/"\nmode = "rw"\n')
+    r = h(*args)
+    s = r.result["settings"]
+    assert s["trusted_keys"]["value"] == f"{user.parent / 'team.pub'}:/keys/other.pub"
+    assert s["lock_dir"] == {"value": str(user.parent / "locks"), "level": "user", "origin": f"{user}:2: key lock_dir"}
+    assert s["remote.url"]["value"] == "https://***@cache.example/c/" and "secret" not in r.out + r.err
+    assert (s["remote.mode"]["value"], s["remote.mode"]["origin"]) == ("rw", f"{user}:5: key remote.mode")
+    user.unlink()
     # for people: a line per setting with its origin
     text = h("config", recipe).out
     assert re.search(r"^jobs +14 +\(project: .*hermetic\.toml:2: key jobs\)$", text, re.M), text
@@ -147,3 +158,14 @@ def test_jobs_from_the_command_line_beat_the_recipe_and_the_receipt_says_so(tmp_
     receipt = json.loads(Path(r.result["receipt"]).read_text())
     assert receipt["jobs"] == {"value": 5, "level": "project", "from": f"{tmp_path / 'repo' / 'hermetic.toml'}:1: "
                                                                        "key jobs"}
+
+
+def test_a_remote_cache_and_a_sandbox_from_the_project_reach_the_realize(tmp_path: Path) -> None:
+    h, recipe, _args = _setup(tmp_path, set())
+    (tmp_path / "repo" / "hermetic.toml").write_text('sandbox = "required"\n[remote]\nurl = "http://127.0.0.1:9/c/"\n')
+    r = h("realize", recipe, "--offline", "--json", env={"HERMETIC_BWRAP": str(tmp_path / "no-bwrap")})
+    # the project's sandbox = "required" where no bwrap can be had: exit 3, naming the file that asked for it
+    assert r.rc == 3 and f"{tmp_path / 'repo' / 'hermetic.toml'}:1: key sandbox" in r.err, r.err
+    r = h("realize", recipe, "--offline", "--json", "--sandbox", "off")
+    (remote,) = [x for x in r.records if x.get("event") == "remote"]
+    assert remote["message"] == "offline: the remote cache http://127.0.0.1:9/c is not used", remote
