@@ -208,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("completion", parents=[_common("completion")],
                        help="print the shell completion script (bash or zsh)")
     p.add_argument("shell", choices=("bash", "zsh"),
-                   help='bash: eval "$(hermetic completion bash)" in ~/.bashrc; zsh: hermetic completion zsh > '
-                        '"${fpath[1]}/_hermetic"')
+                   help='bash: eval "$(hermetic completion bash)" in ~/.bashrc; zsh: mkdir -p ~/.zfunc && hermetic '
+                        'completion zsh > ~/.zfunc/_hermetic, with fpath=(~/.zfunc $fpath) before compinit in '
+                        '~/.zshrc (README, "Shell completion")')
     return parser
 
 
