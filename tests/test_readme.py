@@ -260,8 +260,8 @@ def test_each_measurement_says_what_where_when_and_how() -> None:
 # --- the checks can fail ----------------------------------------------------------------------------------------
 
 RUN_ROW = ("| `hermetic run RUNNER.toml [--device auto\\|cpu\\|gpu] [--gpu N] [--peer N] [--repetitions N] "
-           "[--power-cap W] [--lock-timeout S] [--states FILE] [--record-digests] [--jobs N] [--sandbox auto\\|required\\|off] "
-           "[--remote-cache URL] [--remote-cache-mode off\\|ro\\|rw]` | measure |")
+           "[--power-cap W] [--lock-timeout S] [--states FILE] [--record-digests] [--jobs N] "
+           "[--sandbox auto\\|required\\|off] [--remote-cache URL] [--remote-cache-mode off\\|ro\\|rw]` | measure |")
 
 
 @pytest.mark.parametrize("doctor, found", [
