@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from tests.support.cli import REPO, Hermetic, command
@@ -55,6 +56,12 @@ def test_check_on_a_fresh_root_and_after_a_realize(tmp_path: Path, hermetic: Her
     assert (r.rc, r.out) == (0, "check: env1 is up to date\n"), r.err
     assert hermetic("realize", recipe, "--check", "--json").result["exit_code"] == 0
     assert len(index.state.requests) == served
+    # as cheap as a no-op realize: the pipeline and the planners are not even imported
+    probe = ("import sys\nfrom hermetic.cli.main import main\nrc = main(sys.argv[1:])\n"
+             "print(rc, sorted(m for m in sys.modules if m.startswith(('hermetic.realize.', 'hermetic.wheels'))))")
+    p = subprocess.run([sys.executable, "-c", probe, "--root", str(hermetic.root), "realize", str(recipe), "--check"],
+                       capture_output=True, text=True, env=hermetic.env, cwd=REPO, timeout=60)
+    assert p.stdout.splitlines()[-1] == "0 ['hermetic.realize.noop']", p.stdout + p.stderr
 
 
 def test_colour_and_progress_on_a_real_terminal(tmp_path: Path, hermetic: Hermetic, index: LoopbackIndex) -> None:

@@ -46,7 +46,7 @@ def check(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOpt
     for left in sweep_outside_scratch():
         reporter.detail("check", f"removed {left}, left by a dry run that was killed")
     plan = plan_realize(root, recipe_path, reporter, options, locate_files=False)
-    if not plan.needs_work():   # the common answer: the no-op record says so, as cheaply as a no-op realize
+    if not plan.needs_work():   # the command asked the no-op record first; this is a plan that found nothing
         reporter.data("check", f"check: {plan.recipe} is up to date")
         reporter.result("realize", True, 0, recipe=plan.recipe, profile=str(plan.profile), tree=plan.tree,
                         changed=False, check=True, counts=plan.counts.to_json())
