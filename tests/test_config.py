@@ -169,3 +169,28 @@ def test_a_remote_cache_and_a_sandbox_from_the_project_reach_the_realize(tmp_pat
     r = h("realize", recipe, "--offline", "--json", "--sandbox", "off")
     (remote,) = [x for x in r.records if x.get("event") == "remote"]
     assert remote["message"] == "offline: the remote cache http://127.0.0.1:9/c is not used", remote
+
+
+def test_a_runner_file_sits_between_the_environment_and_the_project(tmp_path: Path) -> None:
+    import shutil
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    for folder in ("runner", "manifests", "recipes"):
+        shutil.copytree(REPO / folder, repo / folder)
+    runner = repo / "runner" / "worker.toml"
+    text = runner.read_text()
+    assert "\n[gpu]\n" in text
+    runner.write_text(text.replace("\n[gpu]\n", '\n[gpu]\nlock_dir = "/run/lock/team"\nsandbox = "off"\n', 1))
+    (repo / "hermetic.toml").write_text('lock_dir = "/var/lock/project"\nsandbox = "required"\n')
+    h = Hermetic(tmp_path / "root", hermetic_env(tmp_path / "home"))
+    s = h("config", runner, "--json").result["settings"]
+    line = runner.read_text().splitlines().index('lock_dir = "/run/lock/team"') + 1
+    assert s["lock_dir"] == {"value": "/run/lock/team", "level": "recipe or runner file",
+                             "origin": f"{runner}:{line}: key gpu.lock_dir"}
+    assert (s["sandbox"]["value"], s["sandbox"]["level"]) == ("off", "recipe or runner file")
+    s = h("config", runner, "--json", env={"HERMETIC_LOCK_DIR": "/tmp/env-locks"}).result["settings"]
+    assert (s["lock_dir"]["value"], s["lock_dir"]["level"]) == ("/tmp/env-locks", "environment")
+    runner.write_text(text)
+    s = h("config", runner, "--json").result["settings"]
+    assert (s["lock_dir"]["value"], s["lock_dir"]["level"]) == ("/var/lock/project", "project")
+    assert (s["sandbox"]["value"], s["sandbox"]["level"]) == ("required", "project")

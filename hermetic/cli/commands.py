@@ -339,7 +339,17 @@ def cmd_config(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.urls import redact
     files: dict[str, tuple[object, str]] = {}
     start = None
-    if args.recipe is not None:
+    if args.recipe is not None and _is_runner(args.recipe):
+        from hermetic.run.spec import load_runner
+        runner = load_runner(args.recipe)
+        start = args.recipe.resolve().parent
+        for kind in ("gpu", "cpu"):   # a GPU run's settings first: the lock folder is a GPU run's alone
+            spec = runner.device(kind)
+            if kind == "gpu" and spec.lock_dir:
+                files["lock_dir"] = (spec.lock_dir, runner.doc.where("gpu", "lock_dir"))
+            if spec.sandbox and "sandbox" not in files:
+                files["sandbox"] = (spec.sandbox, runner.doc.where(kind, "sandbox"))
+    elif args.recipe is not None:
         from hermetic.recipe import load_recipe
         recipe = load_recipe(args.recipe)
         start = recipe.path.parent
@@ -369,6 +379,12 @@ def cmd_config(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
                     settings={s.key: {"value": s.value if s.key != "remote.url" or s.value is None
                                       else redact(s.value), "level": s.level, "origin": s.origin} for s in table})
     return 0
+
+
+def _is_runner(path: Path) -> bool:
+    """Whether a file `hermetic config` is given is a runner (a [runner] table) rather than a recipe."""
+    from hermetic.tomlutil import load_toml
+    return isinstance(load_toml(path).data.get("runner"), dict)
 
 
 def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:

@@ -199,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="each setting, its value and where it came from (command line, environment, recipe, "
                             "project, user or system hermetic.toml, default)")
     _completes(p.add_argument("recipe", type=Path, nargs="?", metavar="RECIPE",
-                              help="a recipe: its settings and its project's hermetic.toml (default: the current "
-                                   "folder's project)"), FILE)
+                              help="a recipe or a runner: its settings (a runner's: a GPU run's lock folder, the "
+                                   "sandbox of [gpu], else [cpu]) and its project's hermetic.toml (default: the "
+                                   "current folder's project)"), FILE)
     _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
