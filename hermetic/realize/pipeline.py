@@ -375,7 +375,8 @@ def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, b
     # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
     set_profile(root.profiles, job.name, job.store, env.tree)
     report["sandbox"] = job.sandbox.record()
-    report["jobs"] = {"value": job.jobs.value, "level": job.jobs.level, "from": job.jobs.origin}
+    # the number the build ran with (the recipe's limits, as validate set them), and which place gave it
+    report["jobs"] = {"value": job.recipe.limits.jobs, "level": job.jobs.level, "from": job.jobs.origin}
     say_refused(reporter, job.sandbox)
     say_bytecode_cleared(reporter)
     report["outside_root_audit"] = trail.audit.finish(children=children_since(trail.audit.started),
