@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable
 from pathlib import PurePath
 
+WORK_NEEDED = 4   # `realize --check`: the recipe is not up to date (not a failure: nothing was attempted)
+
 
 class HermeticError(Exception):
     """Base class: the work failed (exit 1)."""

@@ -149,6 +149,8 @@ class Span:
 
 
 SPANS: list[Span] = []          # every child this process started, in the order they ended
+# called as each child ends, with its command line, seconds and exit status (None: stopped): -vv's debug lines
+WATCHERS: list[Callable[[Sequence[str], float, int | None], None]] = []
 _CONFINEMENT: list[Confinement | None] = [None]
 MAX_REFUSALS = 50               # kept per confinement; the first ones say enough
 
@@ -402,6 +404,8 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     finally:
         read_all.set()
         SPANS.append(Span(began, time.time(), program, confinement is not None))
+        for watch in WATCHERS:
+            watch(argv, SPANS[-1].end - began, proc.returncode)
         if timer is not None:
             timer.cancel()
             timer.join()

@@ -61,6 +61,7 @@ class Limits:
     address_space: int | None = None       # RLIMIT_AS of every compiler process, bytes
     sandbox: str | None = None             # auto, required or off (hermetic.sandbox); None: not set here
     warnings: tuple[str, ...] = ()         # what realize says of these limits (CPUs of cpus this machine lacks)
+    jobs_set: bool = False                 # whether the recipe says jobs (else the CPU count: hermetic.config's)
 
 
 @dataclass(frozen=True)
@@ -233,8 +234,8 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
     kp: KeyPath = ("limits",)
     table = expect_type(doc, raw, dict, kp)
     check_keys(doc, table, {"jobs", "cpus", "nice", "address_space", "sandbox"}, kp)
-    jobs = get_key(doc, table, "jobs", int, kp)
-    jobs = (os.cpu_count() or 1) if jobs is None else jobs
+    given = get_key(doc, table, "jobs", int, kp)
+    jobs = (os.cpu_count() or 1) if given is None else given
     if not 1 <= jobs <= 1024:
         raise BadInput(f"limits.jobs must be 1-1024, found {jobs}", where=doc.where(*kp, "jobs"),
                        hint="the number of compilers running at once")
@@ -250,7 +251,7 @@ def _limits(doc: TomlDoc, raw: object) -> Limits:
     if "address_space" in table:
         space = size_bytes(doc, expect_type(doc, table["address_space"], str, (*kp, "address_space")),
                        (*kp, "address_space"))
-    return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp), warnings)
+    return Limits(jobs, cpus, nice, space, sandbox_mode(doc, table, kp), warnings, given is not None)
 
 
 def usable_cpus(doc: TomlDoc, text: str, kp: KeyPath) -> tuple[tuple[int, ...], tuple[str, ...]]:

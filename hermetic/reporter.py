@@ -1,9 +1,13 @@
 """What the user sees: listings and other data on stdout, human progress and logs on stderr; with ``--json``
 every record (events and the result) is a JSON line on stdout.
 
-``-q`` (``quiet``) keeps only warnings, errors and data; ``-v`` (``verbose``) adds ``detail`` records (one line
-per object of a build, where each wheel came from). ``data`` is what a command was asked to print (``show``'s
-listing, ``gc``'s entries, ``--explain``, a dry run's plan): on stdout whatever the level.
+``-q`` (``quiet``) keeps only warnings, errors and data, ``-qq`` errors and data only; ``-v`` (``verbose``) adds
+``detail`` records (one line per object of a build, where each wheel came from), ``-vv`` ``debug`` records too
+(each child's command line and time, each step's time). Colour (``--color``, ``NO_COLOR``, ``FORCE_COLOR``) and
+bars (``--no-progress``) follow uv's rules (``use_color``): colour only on a terminal unless forced, bars only on
+a terminal and never with ``--no-progress``, where progress is plain lines as without a terminal. ``data`` is
+what a command was asked to print (``show``'s listing, ``gc``'s entries, ``--explain``, a dry run's plan): on
+stdout whatever the level.
 
 Every long step reports through a ``Reporter``; nothing else in the package prints. On a terminal the
 progress is one live display per command (one rich ``Progress``, whatever number of bars it shows at once):
@@ -27,6 +31,7 @@ import time
 from typing import IO, Any, Protocol
 
 RESULT_VERSION = 1
+ERROR, WARNING = "1;31", "1;33"   # SGR: bold red, bold yellow (uv's)
 PLAIN_EVERY = 2.0   # seconds between plain progress records of one task
 WAIT_EVERY = 10.0   # and between plain "still waiting" lines
 DOING_EVERY = 30.0  # and between plain lines saying the same thing is still being done
@@ -51,13 +56,18 @@ class Reporter:
     """Collects events; renders them for a person (stderr) or a program (stdout JSON Lines)."""
 
     def __init__(self, *, json_mode: bool = False, stdout: IO[str] | None = None,
-                 stderr: IO[str] | None = None, quiet: bool = False, verbose: bool = False) -> None:
+                 stderr: IO[str] | None = None, quiet: int = 0, verbose: int = 0, color: bool = False,
+                 progress: bool = True) -> None:
+        """``quiet``, ``verbose``: how many times -q and -v were given (a bool counts once)."""
         self.json_mode = json_mode
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
-        self.quiet = quiet
-        self.verbose = verbose and not quiet
-        self.interactive = (not json_mode) and self.stderr.isatty()
+        self.quiet = quiet >= 1
+        self.silent = quiet >= 2            # -qq: errors only (and data, which is what was asked for)
+        self.verbose = verbose >= 1 and not quiet
+        self.debugging = verbose >= 2 and not quiet
+        self.color = color
+        self.interactive = progress and (not json_mode) and self.stderr.isatty()
         self._display: _Display | None = None
         self._lock = threading.Lock()  # a task may report from a thread of its own (extensions/graph.py's)
 
@@ -74,6 +84,11 @@ class Reporter:
         if self.verbose:
             self.event(kind, message, **fields)
 
+    def debug(self, kind: str, message: str = "", /, **fields: Any) -> None:
+        """The debug level, ``-vv`` only: each child's command line and time, each step's time."""
+        if self.debugging:
+            self.event(kind, f"debug: {message}" if message else "", **fields)
+
     def data(self, kind: str, text: str = "", /, **fields: Any) -> None:
         """What the command was asked to print: a record with --json (an event, as any other), else the text on
         stdout, quiet or not (``hermetic show | cat`` prints the listing)."""
@@ -85,7 +100,16 @@ class Reporter:
     def warn(self, message: str, /, **fields: Any) -> None:
         if self.json_mode:
             self._emit({"event": "warning", "message": message, **fields})
-        self._say(f"warning: {message}")
+        if not self.silent:
+            self._say(self.paint("warning:", WARNING) + f" {message}")
+
+    def error_text(self, rendered: str) -> str:
+        """An error as ``HermeticError.render`` wrote it, its ``error:`` in colour where colour is on."""
+        head, sep, rest = rendered.partition(":")
+        return self.paint(head + sep, ERROR) + rest if sep else rendered
+
+    def paint(self, text: str, style: str) -> str:
+        return f"\x1b[{style}m{text}\x1b[0m" if self.color else text
 
     def result(self, command: str, ok: bool, exit_code: int, **fields: Any) -> None:
         """The one closing record of a command (versioned)."""
@@ -127,8 +151,25 @@ class Reporter:
 
     def _live(self) -> _Display:
         if self._display is None:
-            self._display = _Display(self.stderr)
+            self._display = _Display(self.stderr, self.color)
         return self._display
+
+
+def use_color(choice: str, stream: IO[str], environ: Any = None) -> bool:
+    """Whether to colour ``stream``, as uv decides: ``--color always``/``never`` win; under ``auto``, a
+    non-empty ``NO_COLOR`` turns colour off, ``FORCE_COLOR`` or ``CLICOLOR_FORCE`` (not ``0``) on, else colour
+    where the stream is a terminal that is not ``TERM=dumb``."""
+    env = os.environ if environ is None else environ
+    if choice in ("always", "never"):
+        return choice == "always"
+    if env.get("NO_COLOR"):
+        return False
+    if env.get("FORCE_COLOR") or env.get("CLICOLOR_FORCE", "0") not in ("", "0"):
+        return True
+    try:
+        return stream.isatty() and env.get("TERM") != "dumb"
+    except (AttributeError, ValueError):
+        return False
 
 
 # without a terminal ----------------------------------------------------------------------------------------
@@ -196,14 +237,14 @@ class _Display:
     """The command's one live display. It runs while it shows a row and stops when the last one closes (so
     nothing is redrawn while hermetic does not report), and starts again for the next."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: IO[str], color: bool = True) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TimeElapsedColumn
         try:  # the terminal we draw on, not whichever of stdin and stdout happens to be one
             width: int | None = os.get_terminal_size(stream.fileno()).columns
         except (OSError, ValueError, AttributeError):
             width = None
-        self.console = Console(file=stream, width=width)
+        self.console = Console(file=stream, width=width, no_color=not color, color_system="auto" if color else None)
         # no redirection: stdout carries data (`hermetic env`), it must never be routed into the display
         self.progress = Progress(_label_column(), BarColumn(), _amount_column(), TimeElapsedColumn(),
                                  console=self.console, transient=True, redirect_stdout=False, redirect_stderr=False,

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hermetic.errors import BadInput, HermeticError, PreconditionFailed
+from hermetic.errors import HermeticError, PreconditionFailed
 from hermetic.procs import Confinement, Limits, TimedOut, confined, run_limited
 from hermetic.root import Root
-from hermetic.tomlutil import SANDBOX_MODES as MODES
 
 ENV_MODE = "HERMETIC_SANDBOX"
 ENV_BWRAP = "HERMETIC_BWRAP"
@@ -91,22 +90,6 @@ else:
     os.close(fd)
     print("hermetic-sandbox-probe: written")
 """
-
-
-def resolve_mode(cli: str | None, file_value: str | None = None, file_where: str = "") -> tuple[str, str]:
-    """(mode, what set it): the command line, else HERMETIC_SANDBOX, else the file, else auto."""
-    if cli:
-        return cli, "--sandbox"
-    env = os.environ.get(ENV_MODE)
-    if env:
-        if env not in MODES:
-            raise BadInput(f"{ENV_MODE} must be one of {', '.join(MODES)}, found {env!r}", where=ENV_MODE,
-                           hint="auto: use the sandbox where it works; required: exit 3 where it does not; off: "
-                                "never")
-        return env, ENV_MODE
-    if file_value:
-        return file_value, file_where
-    return "auto", "the default"
 
 
 @dataclass(frozen=True)

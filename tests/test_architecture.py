@@ -22,8 +22,8 @@ PACKAGE = REPO / "hermetic"
 # (docs/architecture.md draws the same table). Single modules are rooms of their own.
 RANK = {
     "__main__": 100, "cli": 90, "run": 80, "realize": 70, "remote": 60, "extensions": 50, "wheels": 40, "fetch": 35,
-    "locks": 30, "store": 20, "recipe": 15, "keys": 12, "interpreter": 11, "sandbox": 11, "audit": 11, "procs": 10,
-    "reporter": 10, "tomlutil": 10, "urls": 10, "root": 6, "fs": 5, "errors": 0,
+    "locks": 30, "store": 20, "recipe": 15, "config": 13, "keys": 12, "interpreter": 11, "sandbox": 11, "audit": 11,
+    "procs": 10, "reporter": 10, "tomlutil": 10, "urls": 10, "root": 6, "fs": 5, "errors": 0,
 }
 
 # What a no-op realize imports (tests/test_architecture.py::test_noop_realize_imports_no_more_than_before): every

@@ -161,7 +161,12 @@ def completion_problems(text: str, parser: argparse.ArgumentParser) -> list[str]
 
 def exit_code_problems(text: str) -> list[str]:
     rows = dict(re.findall(r"^\| (\d) \| ([^|]+)\|", text, re.M))
-    problems = [] if set(rows) == {"0", "1", "2", "3"} else [f"README: exit codes {sorted(rows)}"]
+    problems = [] if set(rows) == {"0", "1", "2", "3", str(errors.WORK_NEEDED)} else [
+        f"README: exit codes {sorted(rows)}"]
+    if not rows.get(str(errors.WORK_NEEDED), "").startswith("`realize --check`"):
+        problems.append(f"README: exit {errors.WORK_NEEDED} is not '`realize --check`' (errors.WORK_NEEDED)")
+    if f"{errors.WORK_NEEDED} `realize --check`" not in DESCRIPTION:
+        problems.append(f"--help: exit {errors.WORK_NEEDED} is not '`realize --check`'")
     for cls, words in ((errors.HermeticError, "the work failed"), (errors.BadInput, "bad input"),
                        (errors.PreconditionFailed, "a precondition was not met")):
         if not rows.get(str(cls.exit_code), "").startswith(words):
@@ -255,8 +260,8 @@ def test_each_measurement_says_what_where_when_and_how() -> None:
 # --- the checks can fail ----------------------------------------------------------------------------------------
 
 RUN_ROW = ("| `hermetic run RUNNER.toml [--device auto\\|cpu\\|gpu] [--gpu N] [--peer N] [--repetitions N] "
-           "[--power-cap W] [--lock-timeout S] [--states FILE] [--record-digests] [--sandbox auto\\|required\\|off] "
-           "[--remote-cache URL] [--remote-cache-mode off\\|ro\\|rw]` | measure |")
+           "[--power-cap W] [--lock-timeout S] [--states FILE] [--record-digests] [--jobs N] "
+           "[--sandbox auto\\|required\\|off] [--remote-cache URL] [--remote-cache-mode off\\|ro\\|rw]` | measure |")
 
 
 @pytest.mark.parametrize("doctor, found", [

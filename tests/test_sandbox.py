@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hermetic import procs, sandbox
+from hermetic.config import Config
 from hermetic.errors import BadInput, PreconditionFailed, SandboxRefused
 from hermetic.procs import Limits, run_limited
 from hermetic.root import Root
@@ -45,14 +46,19 @@ def _calls(tmp_path: Path) -> int:
 def test_the_mode_comes_from_the_command_line_then_the_environment_then_the_file(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HERMETIC_SANDBOX", raising=False)
-    assert sandbox.resolve_mode(None) == ("auto", "the default")
-    assert sandbox.resolve_mode(None, "off", "r.toml:3: key limits.sandbox") == ("off", "r.toml:3: key limits.sandbox")
+    none = Config([])
+
+    def mode(*args: str | None) -> tuple[str, str]:
+        s = none.resolve("sandbox", *args)
+        return s.value, s.origin
+    assert mode(None) == ("auto", "the default")
+    assert mode(None, "off", "r.toml:3: key limits.sandbox") == ("off", "r.toml:3: key limits.sandbox")
     monkeypatch.setenv("HERMETIC_SANDBOX", "required")
-    assert sandbox.resolve_mode(None, "off", "r.toml") == ("required", "HERMETIC_SANDBOX")
-    assert sandbox.resolve_mode("off", "auto", "r.toml") == ("off", "--sandbox")
+    assert mode(None, "off", "r.toml") == ("required", "HERMETIC_SANDBOX")
+    assert mode("off", "auto", "r.toml") == ("off", "--sandbox")
     monkeypatch.setenv("HERMETIC_SANDBOX", "sometimes")
     with pytest.raises(BadInput, match="HERMETIC_SANDBOX must be one of auto, required, off"):
-        sandbox.resolve_mode(None)
+        mode(None)
 
 
 def test_a_missing_bwrap_says_why_and_required_is_a_failed_precondition(tmp_path: Path,

@@ -18,6 +18,7 @@ from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
 
 if TYPE_CHECKING:
+    from hermetic.realize.pipeline import RealizeOptions
     from hermetic.remote.settings import RemoteOptions
 
 
@@ -34,16 +35,32 @@ def _remote(args: argparse.Namespace) -> RemoteOptions | None:
 
 def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     remote = _remote(args)
-    if args.dry_run:
-        from hermetic.realize.dryrun import dry_run
+    if args.dry_run and args.check:
+        raise BadInput("--dry-run and --check exclude each other", where="the command line",
+                       hint="--dry-run prints the plan and exits 0; --check exits 4 when there is work to do")
+    if args.check:   # the common answer first, as cheaply as a no-op realize: nothing to do, nothing imported
+        from dataclasses import replace
+
+        from hermetic.realize.noop import noop_check
+        done = noop_check(replace(root, read_only=True), args.recipe, args.variant)
+        if done is not None:
+            reporter.data("check", f"check: {done.name} is up to date")
+            reporter.result("realize", True, 0, recipe=done.name, profile=str(done.profile), tree=done.tree,
+                            changed=False, check=True, counts=done.counts.to_json())
+            return 0
+    if args.dry_run or args.check:
+        from hermetic.realize.dryrun import check, dry_run
         from hermetic.realize.pipeline import RealizeOptions
-        return dry_run(root, args.recipe, reporter, RealizeOptions(args.variant, offline=args.offline))
+        return (check if args.check else dry_run)(root, args.recipe, reporter,
+                                                  RealizeOptions(args.variant, offline=args.offline))
     from hermetic.realize.noop import noop_check
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
         from hermetic.realize.pipeline import RealizeOptions, realize
         outcome = realize(root, args.recipe, reporter,
-                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox))
+                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox, args.jobs))
+        reporter.debug("timings", "; ".join(f"{step} {s:.3f} s" for step, s in outcome.timings.items()),
+                       timings=outcome.timings)
     else:
         reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
                                 "and hashes): nothing fetched, compiled or written")
@@ -142,15 +159,20 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.event("repair", (f"made {plural(len(done.healed), 'folders')} of hermetic's own again; "
                                   if done.healed else "")
                        + f"removed {len(done.removed)} corrupt items; realizing the roots again")
-        _realize_roots(root, reporter, _remote(args), args.offline, args.sandbox)
+        from hermetic.realize.pipeline import RealizeOptions
+        _realize_roots(root, reporter, RealizeOptions(remote=_remote(args), offline=args.offline,
+                                                      sandbox=args.sandbox, jobs=args.jobs))
         report = verify(store, root)
     rebuilt = []
     if args.rebuild_sample > 0:
+        from hermetic.config import load
         from hermetic.extensions.rebuild import rebuild_sample
         from hermetic.realize.pipeline import say_refused, say_sandbox
         from hermetic.root import lock_dir
-        from hermetic.sandbox import choose, resolve_mode
-        sandbox = choose(root, *resolve_mode(args.sandbox), lock_dir(None))
+        from hermetic.sandbox import choose
+        config = load()
+        mode = config.resolve("sandbox", args.sandbox)
+        sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value))
         say_sandbox(reporter, sandbox, "the rebuilt sample")
         with sandbox.confined():
             rebuilt = rebuild_sample(root, store, args.rebuild_sample)
@@ -169,10 +191,9 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0 if ok else 1
 
 
-def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None, offline: bool,
-                   sandbox: str | None) -> None:
+def _realize_roots(root: Root, reporter: Reporter, options: RealizeOptions) -> None:
     from hermetic.errors import BadRecord
-    from hermetic.realize.pipeline import RealizeOptions, realize
+    from hermetic.realize.pipeline import realize
     from hermetic.store.roots import read_root, root_files
     for p in root_files(root.roots):
         try:
@@ -186,7 +207,7 @@ def _realize_roots(root: Root, reporter: Reporter, remote: RemoteOptions | None,
                           f"(hermetic realize RECIPE), which makes the root this machine's", root=p.stem,
                           archive=record["imported_from"])
         elif recipe.is_file():
-            realize(root, recipe, reporter, RealizeOptions(remote=remote, offline=offline, sandbox=sandbox))
+            realize(root, recipe, reporter, options)
         else:
             reporter.warn(f"root {p.stem}: its recipe {recipe} is gone; cannot rebuild it")
 
@@ -304,11 +325,14 @@ def cmd_export(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
 
 
 def cmd_import(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    from hermetic.config import load
     from hermetic.extensions.host import qualify
     from hermetic.store.archive import import_closure
+    from hermetic.store.provenance import load_trusted
+    keys = load().resolve("trusted_keys")
     stats = import_closure(root, args.archive, reporter=reporter,
                            host=lambda: qualify(root, None, need_torch=False).record(),
-                           trust_unsigned=args.trust_unsigned)
+                           trust_unsigned=args.trust_unsigned, trusted=load_trusted(keys.value, keys.origin))
     left = stats["left_out"]
     if left:
         why = (f"signed by {stats['signed_by']}, a key HERMETIC_TRUSTED_KEYS does not name" if stats["signed_by"]
@@ -331,7 +355,7 @@ def cmd_run(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     from hermetic.run.pipeline import RunOptions, run
     out = run(root, args.runner, reporter,
               RunOptions(args.device, args.gpu, args.peer, args.repetitions, args.power_cap, args.lock_timeout,
-                         args.states, args.record_digests, _remote(args), args.offline, args.sandbox))
+                         args.states, args.record_digests, _remote(args), args.offline, args.sandbox, args.jobs))
     body = out.summary
     if out.exit_code:
         reporter.event("run-failed", f"run {out.name} FAILED: {body.get('reason') or 'a check failed'}; "
@@ -355,6 +379,61 @@ def cmd_key(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     return 0
 
 
+def cmd_config(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """Each setting, its value and where it came from (as ``pip config debug``): the files looked at first, then
+    a line per setting. Reads and writes nothing of the root."""
+    from hermetic.config import SETTINGS, load
+    from hermetic.urls import redact
+    files: dict[str, tuple[object, str]] = {}
+    start = None
+    if args.recipe is not None and _is_runner(args.recipe):
+        from hermetic.run.spec import load_runner
+        runner = load_runner(args.recipe)
+        start = args.recipe.resolve().parent
+        for kind in ("gpu", "cpu"):   # a GPU run's settings first: the lock folder is a GPU run's alone
+            spec = runner.device(kind)
+            if kind == "gpu" and spec.lock_dir:
+                files["lock_dir"] = (spec.lock_dir, runner.doc.where("gpu", "lock_dir"))
+            if spec.sandbox and "sandbox" not in files:
+                files["sandbox"] = (spec.sandbox, runner.doc.where(kind, "sandbox"))
+    elif args.recipe is not None:
+        from hermetic.recipe import load_recipe
+        recipe = load_recipe(args.recipe)
+        start = recipe.path.parent
+        lim, doc = recipe.limits, recipe.doc
+        if lim.jobs_set:
+            files["jobs"] = (lim.jobs, doc.where("limits", "jobs"))
+        if lim.sandbox:
+            files["sandbox"] = (lim.sandbox, doc.where("limits", "sandbox"))
+        if recipe.remote_url:
+            files["remote.url"] = (recipe.remote_url, doc.where("remote", "url"))
+        if recipe.remote_mode:
+            files["remote.mode"] = (recipe.remote_mode, doc.where("remote", "mode"))
+    config = load(start)
+    table = config.table({"jobs": args.jobs, "sandbox": args.sandbox, "remote.url": args.remote_cache,
+                          "remote.mode": args.remote_cache_mode}, files)
+    lines = [f"{layer.level} {layer.path}" + ("" if layer.found else " (not found)") for layer in config.layers]
+    width = max(len(k) for k in SETTINGS)
+    for s in table:
+        value = "-" if s.value is None else redact(s.value) if s.key == "remote.url" else s.value
+        origin = f"default: {SETTINGS[s.key].default_text}" if s.level == "default" else f"{s.level}: {s.origin}"
+        lines.append(f"{s.key:<{width}}  {value}  ({origin})")
+        reporter.event("setting", "", **{**s.record(), "value": value if s.value is not None else None})
+    if not reporter.json_mode:
+        reporter.data("config", "\n".join(lines))
+    reporter.result("config", True, 0, files=[{"level": layer.level, "path": str(layer.path), "found": layer.found}
+                                              for layer in config.layers],
+                    settings={s.key: {"value": s.value if s.key != "remote.url" or s.value is None
+                                      else redact(s.value), "level": s.level, "origin": s.origin} for s in table})
+    return 0
+
+
+def _is_runner(path: Path) -> bool:
+    """Whether a file `hermetic config` is given is a runner (a [runner] table) rather than a recipe."""
+    from hermetic.tomlutil import load_toml
+    return isinstance(load_toml(path).data.get("runner"), dict)
+
+
 def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     """The shell completion script, generated from the parser by shtab (imported by this command alone); it
     reads and writes nothing of the root."""
@@ -369,4 +448,5 @@ def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> 
 COMMANDS: dict[str, Callable[[Root, argparse.Namespace, Reporter], int]] = {
     "realize": cmd_realize, "gc": cmd_gc, "verify": cmd_verify, "show": cmd_show, "env": cmd_env,
     "export": cmd_export, "import": cmd_import, "run": cmd_run, "completion": cmd_completion, "key": cmd_key,
+    "config": cmd_config,
 }

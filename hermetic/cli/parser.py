@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from hermetic import __version__
 
@@ -17,13 +18,32 @@ else a GPU runner's gpu.lock_dir, else the first of /run/lock/hermetic, /var/loc
 repository (the runner's reference digests).
 Listings and other data go to stdout, progress and logs to stderr; with --json every record (events and
 the closing result) is one JSON line on stdout.
-Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met.
+Exit codes: 0 success, 1 the work failed, 2 bad input, 3 a precondition was not met, 4 `realize --check`:
+work is needed.
+Settings (remote cache, lock folder, sandbox, jobs, trusted keys) come from the command line, else the
+environment, else the recipe or runner, else hermetic.toml (project, user, system): `hermetic config` says which.
 Shell completion: hermetic completion bash|zsh (README, "Shell completion").
 """
 
 # shtab's completers, spelled out so that building the parser never imports shtab (only `completion` does)
 FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
 DIRECTORY = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+
+
+class UsageError(Exception):
+    """A command line the grammar refuses (argparse's ``error``): ``main`` says it, as a JSON record with
+    --json, and exits 2."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.message, self.usage = message, usage
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors ``main`` reports (argparse prints and exits by itself)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.format_usage())
 
 
 def _completes(action: argparse.Action, how: dict[str, str]) -> None:
@@ -45,18 +65,25 @@ OFFLINE = {
 NOTHING_TO_FETCH = "accepted, and changes nothing: {command} fetches nothing (default: $HERMETIC_OFFLINE=1)"
 
 
-def _common(command: str = "") -> argparse.ArgumentParser:
+def _common(command: str = "") -> Parser:
     """The options every command takes, before or after its name (``hermetic -q show``, ``hermetic show -q``);
     ``command``: whose --offline help to give."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = Parser(add_help=False)
     _completes(p.add_argument("--root", metavar="DIR", default=argparse.SUPPRESS,
                               help="scratch root (default: $HERMETIC_ROOT, else ./.hermetic)"), DIRECTORY)
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="every record (progress events and the closing result) as one JSON line on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                   help="only warnings, errors and what the command prints (listings, data)")
-    p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                   help="more detail: a line per object of a build, where each wheel is fetched from")
+    p.add_argument("-q", "--quiet", action="count", default=argparse.SUPPRESS,
+                   help="only warnings, errors and what the command prints (listings, data); -qq: errors only")
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                   help="more detail: a line per object of a build, where each wheel is fetched from; -vv: debug "
+                        "(each child's command line and time, each step's time)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default=argparse.SUPPRESS,
+                   help="colour on stderr: auto (default) where stderr is a terminal and NO_COLOR is not set")
+    p.add_argument("--no-color", dest="color", action="store_const", const="never", default=argparse.SUPPRESS,
+                   help="same as --color never")
+    p.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress bars, even on a terminal: plain lines (default: $HERMETIC_NO_PROGRESS=1)")
     p.add_argument("--offline", action="store_true", default=argparse.SUPPRESS,
                    help=OFFLINE.get(command) or NOTHING_TO_FETCH.format(command=command))
     return p
@@ -73,7 +100,7 @@ def _zstd_level(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hermetic", description=DESCRIPTION, parents=[_common()],
+    parser = Parser(prog="hermetic", description=DESCRIPTION, parents=[_common()],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hermetic {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -85,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="print what would be fetched (bytes), unpacked, compiled and reused, decided from the keys "
                         "and the store; write nothing under the root")
+    p.add_argument("--check", action="store_true",
+                   help="exit 0 when the recipe is up to date, else exit 4 printing what a realize would do (with "
+                        "--json the plan); fetches nothing and writes nothing under the root (as uv sync --check)")
+    _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
 
@@ -98,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="remove what is corrupt and realize again")
     p.add_argument("--rebuild-sample", type=int, default=0, metavar="N",
                    help="also compile N stored objects again and compare them with the stored ones")
+    _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
 
@@ -151,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record-digests", action="store_true",
                    help="write this device class's reference digests (manifests/digests/CLASS.txt), pinned to "
                         "this run's receipt; ATEN_CPU_CAPABILITY=avx2 records the AVX2 class on an AVX-512 CPU")
+    _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
 
@@ -162,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      "key, for HERMETIC_TRUSTED_KEYS)"), FILE)
     k.add_argument("--name", help="the key's name (default: PATH's file name)")
 
+    p = sub.add_parser("config", parents=[_common("config")],
+                       help="each setting, its value and where it came from (command line, environment, recipe, "
+                            "project, user or system hermetic.toml, default)")
+    _completes(p.add_argument("recipe", type=Path, nargs="?", metavar="RECIPE",
+                              help="a recipe or a runner: its settings (a runner's: a GPU run's lock folder, the "
+                                   "sandbox of [gpu], else [cpu]) and its project's hermetic.toml (default: the "
+                                   "current folder's project)"), FILE)
+    _jobs_option(p)
+    _sandbox_option(p)
+    _remote_options(p)
+
     p = sub.add_parser("completion", parents=[_common("completion")],
                        help="print the shell completion script (bash or zsh)")
     p.add_argument("shell", choices=("bash", "zsh"),
@@ -169,6 +213,22 @@ def build_parser() -> argparse.ArgumentParser:
                         'completion zsh > ~/.zfunc/_hermetic, with fpath=(~/.zfunc $fpath) before compinit in '
                         '~/.zshrc (README, "Shell completion")')
     return parser
+
+
+def _jobs(text: str) -> int:
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = 0
+    if not 1 <= jobs <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs from 1 to 1024")
+    return jobs
+
+
+def _jobs_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
+                   help="compilers running at once (default $HERMETIC_JOBS, else $MAX_JOBS, else the recipe's "
+                        "[limits] jobs, else hermetic.toml's jobs, else the CPU count); the receipt says which won")
 
 
 def _sandbox_option(p: argparse.ArgumentParser) -> None:

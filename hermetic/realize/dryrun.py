@@ -1,7 +1,11 @@
-"""``realize --dry-run``: a realize's plan (``realize.plan``: the decisions its steps would make now, made by
-the same functions, through a read-only view of the root), printed, with nothing written under the root
-(docs/builds.md, "Dry run"). This module only says the plan: a line per wheel and source to fetch, unpack or
-prepare, a line per module, a line per object with -v, and the totals; with --json the plan is the result.
+"""``realize --dry-run`` and ``realize --check``: a realize's plan (``realize.plan``: the decisions its steps
+would make now, made by the same functions, through a read-only view of the root), printed, with nothing written
+under the root (docs/builds.md, "Dry run"). This module only says the plan: a line per wheel and source to fetch,
+unpack or prepare, a line per module, a line per object with -v, and the totals; with --json the plan is the result.
+
+``--check`` (as ``uv sync --check``) asks the same planners without asking any index (``locate_files=False``:
+a size the lock does not give is said as unknown) and answers with its exit code: 0 when a realize would do
+nothing, ``errors.WORK_NEEDED`` (4) when it would fetch, unpack, prepare, compile, link or write anything.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hermetic.errors import WORK_NEEDED
 from hermetic.realize.pipeline import RealizeOptions
 from hermetic.realize.plan import Plan, plan_realize
 from hermetic.reporter import Reporter, plural
@@ -35,7 +40,27 @@ def dry_run(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeO
     return 0
 
 
-def say(plan: Plan, reporter: Reporter) -> None:
+def check(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> int:
+    """``--check``: 0 up to date, else the plan said and ``WORK_NEEDED``; nothing fetched (no index is asked,
+    offline or not), nothing written under the root."""
+    for left in sweep_outside_scratch():
+        reporter.detail("check", f"removed {left}, left by a dry run that was killed")
+    plan = plan_realize(root, recipe_path, reporter, options, locate_files=False)
+    if not plan.needs_work():   # the command asked the no-op record first; this is a plan that found nothing
+        reporter.data("check", f"check: {plan.recipe} is up to date")
+        reporter.result("realize", True, 0, recipe=plan.recipe, profile=str(plan.profile), tree=plan.tree,
+                        changed=False, check=True, counts=plan.counts.to_json())
+        return 0
+    say(plan, reporter, heading=f"check: {plan.recipe} is not up to date; a realize would")
+    record = plan.record()
+    reporter.result("realize", False, WORK_NEEDED, recipe=plan.recipe, profile=str(plan.profile), tree=plan.tree,
+                    changed=True, check=True, counts=record["counts"], plan=record,
+                    error={"kind": "work-needed", "what": f"{plan.recipe} is not up to date", "where": str(recipe_path),
+                           "hint": f"hermetic realize {recipe_path} does the work"})
+    return WORK_NEEDED
+
+
+def say(plan: Plan, reporter: Reporter, heading: str = "") -> None:
     """The plan as data (stdout): a line per wheel and source to fetch, unpack or prepare, a line per module, a
     line per object with -v, and the totals."""
     c = plan.counts
@@ -44,7 +69,8 @@ def say(plan: Plan, reporter: Reporter) -> None:
         reporter.data("plan", f"dry run: {plan.recipe} is up to date: nothing would be fetched, unpacked or "
                               f"compiled ({plural(c.wheels, 'wheels')} reused{objects}); nothing written")
         return
-    lines = [f"dry run: realize {plan.recipe} -> {plan.profile} (nothing written)"]
+    lines = [f"{heading}: realize {plan.recipe} -> {plan.profile}" if heading
+             else f"dry run: realize {plan.recipe} -> {plan.profile} (nothing written)"]
     for w in plan.wheels:
         if w.action == "reuse" and not reporter.verbose:
             continue
@@ -73,8 +99,8 @@ def say(plan: Plan, reporter: Reporter) -> None:
                       for o in m.objects or ()]
     lines += [f"  note: {n}" for n in plan.notes]
     unknown = plan.fetch_bytes_unknown()
-    total = f"fetch {plural(c.fetched, 'wheels')} ({_size(c.fetched_bytes)}" + \
-        (f", and {unknown} of unknown size)" if unknown else ")")
+    known = f"{_size(c.fetched_bytes)}, and {unknown} of unknown size" if unknown else _size(c.fetched_bytes)
+    total = f"fetch {plural(c.fetched, 'wheels')} ({'size unknown' if unknown and not c.fetched_bytes else known})"
     o = c.objects
     objects = (f"; compile {plural(o.compiled + o.uncacheable, 'objects')}, reuse {o.reused}, reuse "
                f"{o.reused_variant} across variants; link {plural(c.modules_linked or 0, 'modules')}"

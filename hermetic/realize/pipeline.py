@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hermetic import procs
 from hermetic.audit import OutsideRootAudit
+from hermetic.config import Config, Setting
+from hermetic.config import load as load_config
 from hermetic.errors import BadInput, HermeticError
 from hermetic.extensions.toolchain import toolchain_links
 from hermetic.interpreter import WHERE, Interpreter, interpreter
@@ -40,7 +43,7 @@ from hermetic.realize.receipt import write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
 from hermetic.root import Root, lock_dir
-from hermetic.sandbox import Sandbox, choose, resolve_mode
+from hermetic.sandbox import Sandbox, choose
 from hermetic.store import Store, entry_ref, split_refs
 from hermetic.store.records import FileMap
 from hermetic.store.roots import write_root
@@ -72,6 +75,8 @@ class RealizeOptions(NamedTuple):
     remote: RemoteOptions | None = None     # --remote-cache and its mode
     offline: bool = False                   # nothing fetched: what would have to be is a failed precondition
     sandbox: str | None = None              # --sandbox, which wins over HERMETIC_SANDBOX and the recipe's
+    jobs: int | None = None                 # -j/--jobs, which wins over HERMETIC_JOBS, MAX_JOBS and the recipe's
+    config: Config | None = None            # the hermetic.toml files (default: the recipe's, hermetic.config.load)
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Outcome:
@@ -133,6 +138,7 @@ class Validated(NamedTuple):
     share: Sharing | None               # the remote cache, where one is used
     sandbox: Sandbox
     lock_folder: Path
+    jobs: Setting                       # the recipe's limits.jobs, and where the number came from
 
     @property
     def builds(self) -> bool:
@@ -233,18 +239,22 @@ def read_recipe(recipe_path: Path, variant: str | None) -> tuple[Recipe, list[Va
 
 def validate(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Validated:
     recipe, variants, name = read_recipe(recipe_path, options.variant)
+    config = options.config or load_config(recipe.path.parent)
     root.ensure()
     limits = recipe.limits
     for warning in limits.warnings:   # CPUs of [limits] cpus this machine lacks
         reporter.warn(warning)
-    mode, set_by = resolve_mode(options.sandbox, limits.sandbox,
-                                recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
-    lock_folder = lock_dir(None)
-    sandbox = choose(root, mode, set_by, lock_folder)
+    jobs = config.resolve("jobs", options.jobs, limits.jobs if limits.jobs_set else None,
+                          recipe.doc.where("limits", "jobs"))
+    recipe = replace(recipe, limits=replace(limits, jobs=jobs.value))
+    mode = config.resolve("sandbox", options.sandbox, limits.sandbox,
+                          recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
+    lock_folder = lock_dir(config.resolve("lock_dir").value)
+    sandbox = choose(root, mode.value, mode.origin, lock_folder)
     say_sandbox(reporter, sandbox, f"realizing {name}")
     store = Store(root.store).open()
-    share = open_sharing(store, recipe, options.remote, reporter, options.offline)
-    return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder)
+    share = open_sharing(store, recipe, options.remote, reporter, options.offline, config)
+    return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder, jobs)
 
 
 def qualify(root: Root, recipe: Recipe) -> Qualified:
@@ -367,6 +377,8 @@ def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, b
     # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
     set_profile(root.profiles, job.name, job.store, env.tree)
     report["sandbox"] = job.sandbox.record()
+    # the number the build ran with (the recipe's limits, as validate set them), and which place gave it
+    report["jobs"] = {"value": job.recipe.limits.jobs, "level": job.jobs.level, "from": job.jobs.origin}
     say_refused(reporter, job.sandbox)
     say_bytecode_cleared(reporter)
     report["outside_root_audit"] = trail.audit.finish(children=children_since(trail.audit.started),
@@ -427,15 +439,18 @@ def chosen_variants(recipe: Recipe, variant: str | None) -> list[Variant]:
 
 
 def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
-                 reporter: Reporter, offline: bool = False) -> Sharing | None:
-    """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote]; none
-    ``offline`` (its settings still checked: bad ones are bad input either way)."""
+                 reporter: Reporter, offline: bool = False, config: Config | None = None) -> Sharing | None:
+    """The remote cache of the command line, else $HERMETIC_REMOTE_CACHE, else the recipe's [remote], else a
+    hermetic.toml's; none ``offline`` (its settings still checked: bad ones are bad input either way)."""
     from hermetic.urls import remote_in_environment
-    if options is None and not (recipe.remote_url or recipe.remote_mode or remote_in_environment()):
+    config = config or Config([])
+    if options is None and not (recipe.remote_url or recipe.remote_mode or remote_in_environment()
+                                or config.resolve("remote.url").value):
         return None
     from hermetic.remote.settings import resolve_settings
     settings = resolve_settings(options, os.environ, recipe.remote_url, recipe.remote_mode,
-                                recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "")
+                                recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "",
+                                config)
     if settings is None:
         return None
     if offline:
@@ -445,4 +460,6 @@ def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
     from hermetic.remote.layout import Sharing
     reporter.event("remote", f"remote cache {settings.url} ({'read-write' if settings.writable else 'read-only'})",
                    **settings.record())
-    return Sharing(open_storage(settings, reporter), store)
+    from hermetic.store.provenance import load_trusted
+    keys = config.resolve("trusted_keys")
+    return Sharing(open_storage(settings, reporter), store, trusted=load_trusted(keys.value, keys.origin))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hermetic.config import Config
 from hermetic.errors import BadInput
 from hermetic.urls import split_credentials
 
@@ -49,24 +50,20 @@ class RemoteSettings:
 
 def resolve_settings(options: RemoteOptions | None, environ: Mapping[str, str],
                      recipe_url: str | None = None, recipe_mode: str | None = None,
-                     recipe_where: str = "the recipe's [remote]") -> RemoteSettings | None:
+                     recipe_where: str = "the recipe's [remote]", config: Config | None = None
+                     ) -> RemoteSettings | None:
     """The remote to use, or None. URL and mode each come from the command line, else the environment,
-    else the recipe's ``[remote]`` table; the mode defaults to read-only; ``off`` disables the remote."""
+    else the recipe's ``[remote]`` table, else ``config``'s hermetic.toml files (hermetic.config's one order);
+    the mode defaults to read-only; ``off`` disables the remote."""
     options = options or RemoteOptions()
-    url, source = options.url, "--remote-cache"
-    if url is None and environ.get(ENV_URL):
-        url, source = environ[ENV_URL], ENV_URL
-    if url is None and recipe_url:
-        url, source = recipe_url, recipe_where
-    mode, mode_source = options.mode, "--remote-cache-mode"
-    if mode is None and environ.get(ENV_MODE):
-        mode, mode_source = environ[ENV_MODE], ENV_MODE
-    if mode is None and recipe_mode:
-        mode, mode_source = recipe_mode, recipe_where
-    mode = (mode or "ro").strip().lower()
-    if mode not in MODES:
-        raise BadInput(f"remote cache mode {mode!r} is not one of {', '.join(MODES)}", where=mode_source,
+    config = config or Config([])
+    url_setting = config.resolve("remote.url", options.url, recipe_url or None, recipe_where, environ)
+    url, source = url_setting.value, url_setting.origin
+    mode = config.resolve("remote.mode", options.mode, recipe_mode or None, recipe_where, environ)
+    if mode.value not in MODES:
+        raise BadInput(f"remote cache mode {mode.value!r} is not one of {', '.join(MODES)}", where=mode.origin,
                        hint="ro reads the remote cache, rw also writes it (trusted builders only), off ignores it")
+    mode = mode.value
     if not url or mode == "off":
         return None
     base, auth = split_credentials(url, source)

@@ -42,8 +42,9 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
         got = lock.acquire(blocking=False)
     except OSError as e:
         raise path_error(e, doing="the lock folder cannot be used",
-                         hint=f"the lock folder is {directory} (HERMETIC_LOCK_DIR, else gpu.lock_dir, else the "
-                              f"first of {', '.join(DEFAULT_LOCK_DIRS)} whose parent is writable)") or e from None
+                         hint=f"the lock folder is {directory} (HERMETIC_LOCK_DIR, else gpu.lock_dir, else a "
+                              f"hermetic.toml's lock_dir (`hermetic config` says which), else the first of "
+                              f"{', '.join(DEFAULT_LOCK_DIRS)} whose parent is writable)") or e from None
     if not got:
         holder = _holder(path)
         reporter.event("lock-wait", f"waiting up to {timeout:g} s for {what} ({path}"

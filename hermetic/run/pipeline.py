@@ -71,6 +71,7 @@ class RunOptions(NamedTuple):
     remote: RemoteOptions | None = None
     offline: bool = False               # the realizes of step 2 fetch nothing
     sandbox: str | None = None          # over HERMETIC_SANDBOX and the runner's (the realizes take it too)
+    jobs: int | None = None             # -j: the realizes' compilers at once
 
 
 # the values the steps hand on -------------------------------------------------------------------------------
@@ -180,13 +181,16 @@ def validate(root: Root, runner_path: Path, reporter: Reporter, options: RunOpti
     root.ensure()
     for warning in spec.warnings:   # CPUs of cpus this machine lacks
         reporter.warn(warning)
-    ldir = lock_dir(spec.lock_dir if kind == "gpu" else None)
+    from hermetic.config import load
+    config = load(runner_path.parent)
+    gpu_dir = spec.lock_dir if kind == "gpu" else None
+    ldir = lock_dir(config.resolve("lock_dir", None, gpu_dir, runner.doc.where(kind, "lock_dir")).value)
     audit = _audit(root, ldir)
     from hermetic.realize.pipeline import say_sandbox
-    from hermetic.sandbox import choose, resolve_mode
-    mode, set_by = resolve_mode(options.sandbox, spec.sandbox,
-                                runner.doc.where(kind, "sandbox") if spec.sandbox else "")
-    sandbox = choose(root, mode, set_by, ldir)
+    from hermetic.sandbox import choose
+    mode = config.resolve("sandbox", options.sandbox, spec.sandbox,
+                          runner.doc.where(kind, "sandbox") if spec.sandbox else "")
+    sandbox = choose(root, mode.value, mode.origin, ldir)
     say_sandbox(reporter, sandbox, "the measuring process")
     return RunSetup(runner, kind, spec, ldir, sandbox, audit)
 
@@ -204,7 +208,7 @@ def realize_all(root: Root, setup: RunSetup, reporter: Reporter, options: RunOpt
         if outcome is None:
             from hermetic.realize.pipeline import RealizeOptions, realize
             outcome = realize(root, path, reporter, RealizeOptions(remote=options.remote, offline=options.offline,
-                                                                   sandbox=options.sandbox))
+                                                                   sandbox=options.sandbox, jobs=options.jobs))
         # the tree itself, not the profile link: `gc --drop-root` may remove the link while the run holds the tree
         cuda_home = toolchain_home(root, load_recipe(path))
         out.append(Realized(path, outcome.name, str(Path(outcome.profile).resolve()), outcome.tree, outcome.entries,

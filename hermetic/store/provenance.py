@@ -128,13 +128,19 @@ def load_public(path: Path) -> PublicKey:
 def trusted_keys(environ: Mapping[str, str] | None = None) -> list[PublicKey]:
     """The public keys this machine trusts: the files ``HERMETIC_TRUSTED_KEYS`` names (``:``-separated)."""
     env = os.environ if environ is None else environ
+    return load_trusted(env.get(ENV_TRUSTED), ENV_TRUSTED)
+
+
+def load_trusted(paths: str | None, where: str) -> list[PublicKey]:
+    """The public keys of ``paths`` (``:``-separated files), as a setting (hermetic.config's ``trusted_keys``,
+    from ``where``: the environment or a hermetic.toml) names them."""
     keys = []
-    for part in (env.get(ENV_TRUSTED) or "").split(":"):
+    for part in (paths or "").split(":"):
         if part.strip():
             try:
                 keys.append(load_public(Path(part.strip())))
             except BadInput as e:
-                raise BadInput(e.what, where=ENV_TRUSTED, hint=e.hint) from None
+                raise BadInput(e.what, where=where, hint=e.hint) from None
     return keys
 
 

@@ -60,6 +60,11 @@ def hermetic_env(home: Path | None = None, *, pip: str = "isolated", tmp: Path |
     drop = ("HERMETIC_",) if pip == "machine" else ("HERMETIC_", "PIP_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # no configuration file of this machine's (user, system) and no colour choice of the caller's: a test that
+    # wants them sets them
+    for key in ("XDG_CONFIG_HOME", "NO_COLOR", "FORCE_COLOR", "CLICOLOR_FORCE", "MAX_JOBS"):
+        env.pop(key, None)
+    env["HERMETIC_SYSTEM_CONFIG"] = ""
     if pip != "machine":
         env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "1", "PIP_DEFAULT_TIMEOUT": "5"})
     if pip == "offline":
