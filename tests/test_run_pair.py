@@ -234,6 +234,7 @@ def test_a_pair_whose_exchange_is_one_ulp_off_fails_against_the_solo_outputs(run
     assert not pair["passed"] and pair["peer_copy_exact"] is True  # the extension's copy is exact: the worker is not
     assert pair["equal_to_solo"]["mismatches"] and receipt["checks"]["exactness"]["passed"]
     assert "differ -> **FAIL**" in Path(receipt["report"]).read_text()
+    assert "warning: the pair's checks failed: s00/d4/torch" in r.err
 
 
 def test_a_factory_that_drops_the_peer_device_fails_the_pair_run_saying_so(run_root: tuple[Path, Path],

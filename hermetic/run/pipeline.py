@@ -641,6 +641,16 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
                                  f"{plural(chk['exactness']['mismatches'], 'mismatches')}; digests: "
                                  + ", ".join(f"{c} {v['status']}" for c, v in (dig.get("classes") or
                                                                                 {dig["class"]: dig}).items()))
+    pair = chk.get("pair")
+    if pair:
+        eq = pair["equal_to_solo"]
+        reporter.event("run-pair", f"pair: the exchange {pair['transport']} (link {pair['link'].get('kind')}), "
+                                   f"its copy {'bit-exact' if pair['peer_copy_exact'] else 'NOT exact'}; "
+                                   f"{plural(eq['compared'], 'outputs')} against the solo run's, "
+                                   f"{len(eq['mismatches'])} differ")
+        if not pair["passed"]:
+            reporter.warn(f"the pair's checks failed: {', '.join(eq['mismatches'][:5]) or 'the copy is not exact'}"
+                          + (" differ from the solo outputs" if eq["mismatches"] else ""))
     comp = chk["compile"]
     for k, v in comp["sets"].items():
         reporter.event("run-compile", f"compiled set {k}: {v['status']} ({v['reason']}; "
