@@ -544,6 +544,14 @@ def main(argv: list[str]) -> int:
     workers = {"": worker}
     pair = plan.get("pair")
     if pair:  # rank 1 on its own card: a second worker, measured and checked beside the solo one
+        pair = dict(pair)
+        if device == "cuda":  # peer access where the link allows it, before any exchange; else staged by the host
+            access = bool(p2p.can_access_peer(0, 1)) and bool(p2p.can_access_peer(1, 0))
+            enabled = access and bool(p2p.enable_peer_access(0, 1)) and bool(p2p.enable_peer_access(1, 0))
+            pair.update(peer_access=access, peer_enabled=enabled,
+                        transport="peer access (direct copies)" if enabled else "staged through the host")
+        else:
+            pair.update(peer_access=None, peer_enabled=None, transport="cpu")
         peer_device = pair["devices"][1]
         pair_worker = factory({"params": plan["params"], "device": pair["devices"][0], "kernels": kernels,
                                "p2p": p2p, "peer_device": peer_device})

@@ -266,7 +266,10 @@ def lock(setup: RunSetup, options: RunOptions, reporter: Reporter, held: Held) -
                 "lock_order": [n for n, _ in wanted]}
         if setup.kind == "gpu":
             from hermetic.run.gpu import nvml_link
-            pair["link"] = nvml_link(options.gpu_index, peer_index)  # type: ignore[arg-type]
+            try:
+                pair["link"] = nvml_link(options.gpu_index, peer_index)  # type: ignore[arg-type]
+            except Exception as e:  # a fact NVML cannot give is said, never guessed, and never fails the run
+                pair["link"] = {"kind": "unknown", "error": f"{type(e).__name__}: {e}"}
     return Locked(gpu, peer, wanted, waited, pair)
 
 
@@ -564,8 +567,7 @@ def _pair_check(raw: dict[str, Any], cls: str, kind: str) -> dict[str, Any] | No
     same_class = kind == "cpu" or env.get("peer_capability") in (None, env.get("capability"))
     eq = pair.get("equal_to_solo") or {"compared": 0, "mismatches": []}
     passed = exact is not False and (not same_class or not eq["mismatches"]) and eq["compared"] > 0
-    return {"passed": passed, "peer_copy_exact": exact, "transport": p2p.get("transport") or
-            ("peer access" if p2p.get("peer_enabled") else "staged through the host"),
+    return {"passed": passed, "peer_copy_exact": exact, "transport": pair.get("transport") or p2p.get("transport"),
             "link": pair.get("link"), "equal_to_solo": {"compared": eq["compared"],
                                                         "mismatches": eq["mismatches"][:20],
                                                         "required": same_class}}
