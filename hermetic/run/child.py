@@ -252,14 +252,14 @@ def measure(plan: dict[str, Any], workers: dict[str, Any], states: list[Any], nv
         for d in range(torch.cuda.device_count()):  # each card of the run (one, or a pair's two)
             l2 = torch.cuda.get_device_properties(d).L2_cache_size
             flushes.append(torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=f"cuda:{d}"))
-    card_events: dict[int, tuple[Any, Any]] = {}
+    card_events: dict[int, tuple[Any, Any]] = {}  # a start and an end event per stream, reused call after call
 
     def events_on(stream: Any) -> tuple[Any, Any]:
-        d = stream.device.index or 0
-        if d not in card_events:
-            with torch.cuda.device(d):
-                card_events[d] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        return card_events[d]
+        key = int(stream.cuda_stream)
+        if key not in card_events:
+            with torch.cuda.device(stream.device):
+                card_events[key] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        return card_events[key]
 
     def one(label: str, call: Any) -> tuple[float, float, int | None, int | None, int | None, int | None,
                                              list[float] | None]:
@@ -545,9 +545,12 @@ def main(argv: list[str]) -> int:
     pair = plan.get("pair")
     if pair:  # rank 1 on its own card: a second worker, measured and checked beside the solo one
         pair = dict(pair)
-        if device == "cuda":  # peer access where the link allows it, before any exchange; else staged by the host
-            access = bool(p2p.can_access_peer(0, 1)) and bool(p2p.can_access_peer(1, 0))
-            enabled = access and bool(p2p.enable_peer_access(0, 1)) and bool(p2p.enable_peer_access(1, 0))
+        i0, i1 = (torch.device(d).index or 0 for d in pair["devices"])
+        if device == "cuda" and i0 == i1:  # both ranks on one card (a smoke test of the code path): no link
+            pair.update(peer_access=None, peer_enabled=None, transport="one card")
+        elif device == "cuda":  # peer access where the link allows it, before any exchange; else host-staged
+            access = bool(p2p.can_access_peer(i0, i1)) and bool(p2p.can_access_peer(i1, i0))
+            enabled = access and bool(p2p.enable_peer_access(i0, i1)) and bool(p2p.enable_peer_access(i1, i0))
             pair.update(peer_access=access, peer_enabled=enabled,
                         transport="peer access (direct copies)" if enabled else "staged through the host")
         else:
