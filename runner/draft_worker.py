@@ -21,6 +21,13 @@ all-greedy mask the switch graph runs the very same greedy operations and must m
 
 Weights and sampling noise come from an integer hash (`det_uniform`), identical on every machine and torch
 version; request states are frozen fixtures (runner/states/, written by runner/make_states.py).
+
+A pair (``peer_device``, `hermetic run --peer N`): rank 1 runs on its own card, with its own copy of its half of
+the weights, in the same process. Each exchange goes through the P2P extension as built: rank 1's input is
+copied to its card and its partial results back (`peer_copy` between two GPUs, with peer access where the link
+allows it and staged through the host where not; `cpu_copy` on the CPU), then summed (`accumulate`) or gathered
+on rank 0's card. A pair call runs eagerly (no CUDA graph spans the two cards); rank 1's work is on a stream of
+its own card, which rank 0's stream waits for before the exchange.
 """
 
 from __future__ import annotations
@@ -109,7 +116,7 @@ class Call:
         self.confidence = torch.zeros(batch, depth, dtype=torch.float32, device=dev)
         self.q = torch.zeros(batch, depth, v, dtype=torch.float32, device=dev) if graph == "switch" else None
         self.cuda_graph: Any = None
-        if worker.device.type == "cuda":
+        if worker.device.type == "cuda" and worker.peer is None:
             self._capture()
 
     # inputs ---------------------------------------------------------------------------------------------
@@ -204,14 +211,27 @@ class DraftWorker:
 
     call_class = Call
 
-    def __init__(self, params: dict[str, Any], device: str, kernels: dict[str, Any], p2p: Any) -> None:
+    def __init__(self, params: dict[str, Any], device: str, kernels: dict[str, Any], p2p: Any,
+                 peer_device: str | None = None) -> None:
         self.params = {**DEFAULTS, **params}
         self.device = torch.device(device)
         self.dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         self.kernels = kernels
         self.p2p = p2p
         self.weights = Weights(self.params, self.device, self.dtype)
-        self.rank1_stream = torch.cuda.Stream() if self.device.type == "cuda" else None
+        # a pair: rank 1 on its own card (``peer``), holding its own copy of its half of the weights
+        self.peer = torch.device(peer_device) if peer_device else None
+        self.peer_device = peer_device  # what the runner checks it was given
+        self.rank1 = None
+        if self.peer is not None:
+            wt = self.weights
+            self.rank1 = {name: getattr(wt, name)[1].to(self.peer, copy=True).contiguous()
+                          for name in ("gate", "up", "down", "head")}
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.peer if self.peer is not None else self.device):
+                self.rank1_stream: Any = torch.cuda.Stream()
+        else:
+            self.rank1_stream = None
         self.compiled: dict[str, Any] = {}  # compiled set -> its compiled MLP (both ranks share it)
 
     def prepare(self, *, graph: str, depth: int, batch: int, kernels: str) -> Call:
@@ -234,15 +254,85 @@ class DraftWorker:
     def _mlp_rank(self, hn: torch.Tensor, r: int, kernels: str) -> torch.Tensor:
         wt = self.weights
         mod = self.kernels[kernels]
+        if r == 1 and self.rank1 is not None:  # a pair: rank 1's own weights, on its own card
+            gate, up, down = self.rank1["gate"], self.rank1["up"], self.rank1["down"]
+        else:
+            gate, up, down = wt.gate[r], wt.up[r], wt.down[r]
         if hasattr(mod, "compile"):  # a compiled set: the rank's whole MLP is one graph
             if kernels not in self.compiled:
                 self.compiled[kernels] = mod.compile(_mlp_math)
-            return self.compiled[kernels](hn, wt.gate[r], wt.up[r], wt.down[r])
-        a = self._act(hn @ wt.gate[r].t(), hn @ wt.up[r].t(), kernels)
-        return (a @ wt.down[r].t()).float()
+            return self.compiled[kernels](hn, gate, up, down)
+        a = self._act(hn @ gate.t(), hn @ up.t(), kernels)
+        return (a @ down.t()).float()
+
+    # a pair: rank 1 on its own card ----------------------------------------------------------------------
+    def _to_peer(self, x: torch.Tensor, stream: int) -> torch.Tensor:
+        """Rank 0's tensor copied to rank 1's card through the P2P extension."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=self.peer)
+        if self.device.type == "cuda":
+            self.p2p.peer_copy(out, x.contiguous(), stream)
+        else:
+            self.p2p.cpu_copy(out, x.contiguous())
+        return out
+
+    def _from_peer(self, out: torch.Tensor, x: torch.Tensor, stream: int) -> None:
+        """Rank 1's tensor copied into ``out`` on rank 0's card through the P2P extension."""
+        if self.device.type == "cuda":
+            self.p2p.peer_copy(out, x, stream)
+        else:
+            self.p2p.cpu_copy(out, x)
+
+    def _pair_mlp(self, hn: torch.Tensor, kernels: str) -> torch.Tensor:
+        if self.device.type != "cuda":
+            hn1 = self._to_peer(hn, 0)
+            y0 = self._mlp_rank(hn, 0, kernels)
+            y1 = self._mlp_rank(hn1, 1, kernels).contiguous()
+            y1_home = torch.empty_like(y0)
+            self._from_peer(y1_home, y1, 0)
+            self.p2p.accumulate(y0, y1_home, 0)
+            return y0
+        main, s1 = torch.cuda.current_stream(self.device), self.rank1_stream
+        s1.wait_stream(main)  # hn is ready on rank 0's card
+        with torch.cuda.device(self.peer), torch.cuda.stream(s1):
+            hn1 = self._to_peer(hn, s1.cuda_stream)
+            y1 = self._mlp_rank(hn1, 1, kernels).contiguous()
+            y1_home = torch.empty(y1.shape, dtype=y1.dtype, device=self.device)
+            self._from_peer(y1_home, y1, s1.cuda_stream)
+        y0 = self._mlp_rank(hn, 0, kernels)
+        main.wait_stream(s1)
+        y1_home.record_stream(main)
+        self.p2p.accumulate(y0, y1_home, main.cuda_stream)
+        return y0
+
+    def _pair_head(self, hn: torch.Tensor, parts: torch.Tensor) -> None:
+        wt, r1 = self.weights, self.rank1
+        assert r1 is not None
+        if self.device.type != "cuda":
+            hn1 = self._to_peer(hn, 0)
+            parts[0].copy_((hn @ wt.head[0].t()).float())
+            l1 = (hn1 @ r1["head"].t()).float().contiguous()
+            self._from_peer(parts[1], l1, 0)
+            return
+        main, s1 = torch.cuda.current_stream(self.device), self.rank1_stream
+        s1.wait_stream(main)
+        with torch.cuda.device(self.peer), torch.cuda.stream(s1):
+            hn1 = self._to_peer(hn, s1.cuda_stream)
+            l1 = (hn1 @ r1["head"].t()).float().contiguous()
+            self._from_peer(parts[1], l1, s1.cuda_stream)
+        parts[0].copy_((hn @ wt.head[0].t()).float())
+        main.wait_stream(s1)
+
+    def timing_streams(self) -> list[Any]:
+        """The stream of each card a call runs on (rank 0's first): the runner brackets each with CUDA events."""
+        if self.device.type != "cuda":
+            return []
+        main = torch.cuda.current_stream(self.device)
+        return [main] if self.peer is None else [main, self.rank1_stream]
 
     def mlp(self, hn: torch.Tensor, kernels: str) -> torch.Tensor:
         """Both ranks' partial MLP outputs, summed by the P2P extension where a pair would all-reduce."""
+        if self.peer is not None:
+            return self._pair_mlp(hn, kernels)
         if self.rank1_stream is None:
             y0 = self._mlp_rank(hn, 0, kernels)
             y1 = self._mlp_rank(hn, 1, kernels)
@@ -265,7 +355,9 @@ class DraftWorker:
         b = hn.shape[0]
         hv = wt.head[0].shape[0]
         parts = torch.empty(2, b, hv, dtype=torch.float32, device=self.device)
-        if self.rank1_stream is None:
+        if self.peer is not None:
+            self._pair_head(hn, parts)
+        elif self.rank1_stream is None:
             parts[0].copy_((hn @ wt.head[0].t()).float())
             l1 = (hn @ wt.head[1].t()).float().contiguous()
             self.p2p.cpu_copy(parts[1], l1)
@@ -282,5 +374,6 @@ class DraftWorker:
 
 
 def make_worker(ctx: dict[str, Any]) -> DraftWorker:
-    """The runner's entry point: ``ctx`` carries params, device, the kernel modules and the P2P module."""
-    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"])
+    """The runner's entry point: ``ctx`` carries params, device, the kernel modules and the P2P module, and for
+    a pair the device of rank 1's card (``peer_device``)."""
+    return DraftWorker(ctx["params"], ctx["device"], ctx["kernels"], ctx["p2p"], ctx.get("peer_device"))

@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to measure (default: the GPU when NVML sees one, else the CPU)")
     p.add_argument("--gpu", type=int, default=0, metavar="N", help="which GPU (NVML index, default 0)")
     p.add_argument("--peer", type=int, metavar="N",
-                   help="a second GPU for the P2P bandwidth measurement (locked and checked too)")
+                   help="a pair run: the worker's rank 1 on card N (locked and checked too), measured against the "
+                        "solo cells, and the P2P bandwidth; with --device cpu both ranks run on the CPU")
     p.add_argument("--repetitions", type=int, metavar="N", help="override the runner's repetitions")
     p.add_argument("--power-cap", type=float, metavar="W",
                    help="the power cap the GPU must have (overrides gpu.power_cap_w; never changes the card)")

@@ -15,6 +15,8 @@ from hermetic.run import stats
 from hermetic.run.spec import REPETITIONS_MAX, Runner
 
 NOISY = "unclear: noisy run"
+PAIR_AA = "A/A control (pair)"
+PAIR_VS_SOLO = "pair vs solo: "  # + the cell's name: rank 1 on its own card against both ranks on one
 RECOMMEND_AT_LEAST = 10  # the sign test's interval reaches 97.9 % with 10 repetitions, 93.75 % with 5
 
 
@@ -105,6 +107,13 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
     if p.aa_cell:
         pairs.append(("A/A control", aa_label, aa_label + "#aa", missing(aa_label), absent(aa_label)))
     pairs += [(c.name, resolve(c.a), resolve(c.b), missing(c.a, c.b), absent(c.a, c.b)) for c in runner.compares]
+    paired = bool(raw.get("pair"))
+    if paired:  # a pair run: its own A/A control, and each cell on the pair against the same cell solo
+        if p.aa_cell:
+            pairs.append((PAIR_AA, aa_label + "@pair", aa_label + "@pair#aa", missing(aa_label), absent(aa_label)))
+        for cell in runner.cells:
+            solo = f"{cell.name}/{kernels[0]}"
+            pairs.append((f"{PAIR_VS_SOLO}{cell.name}", solo, solo + "@pair", missing(solo), absent(solo)))
     comparisons: list[dict[str, Any]] = []
     for i, (name, a, b, why, sets) in enumerate(pairs):
         if a is None or b is None or a not in per_rep or b not in per_rep:
@@ -124,6 +133,10 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
         comparisons.append(c)
     aa = comparisons[0] if p.aa_cell and "skipped" not in comparisons[0] else None
     noisy = noisy_run(aa, threshold=p.threshold, max_width=p.aa_max_width)
+    pair_aa = next((c for c in comparisons if c["name"] == PAIR_AA and "skipped" not in c), None)
+    if noisy is None and pair_aa is not None:  # a pair run is decided only while both its controls hold
+        pair_noisy = noisy_run(pair_aa, threshold=p.threshold, max_width=p.aa_max_width)
+        noisy = f"on the pair, {pair_noisy}" if pair_noisy else None
     if noisy:
         for c in comparisons:
             if "decision" in c:  # what the interval alone would say stays in the results, not in the decision
@@ -140,7 +153,8 @@ def analyze(raw: dict[str, Any], runner: Runner, kind: str) -> dict[str, Any]:
         "power_capped_samples": sum(v["power_capped"] for v in cells.values()),
         "other_process_seen": bool(raw["flags"]["other_process_seen"]),
     }
-    return {"cells": cells, "comparisons": comparisons, "aa": aa, "noisy": noisy, "repetitions": reps,
+    return {"cells": cells, "comparisons": comparisons, "aa": aa, "pair_aa": pair_aa, "noisy": noisy,
+            "repetitions": reps,
             "repetitions_needed": advice["needed"], "repetitions_recommended": advice["recommended"],
             "repetitions_advice": advice, "target_halfwidth": p.target_halfwidth,
             "aa_max_width": p.aa_max_width, "threshold": p.threshold,

@@ -36,6 +36,11 @@ INVALIDATING_REASONS = {"nvmlClocksEventReasonHwSlowdown": 0x8, "nvmlClocksEvent
 POWER_CAP_REASONS = {"nvmlClocksEventReasonSwPowerCap": 0x4}
 
 
+# set in every measuring process's environment (hermetic.run.pipeline.child_env) and recorded from it: no NVLink
+# SHARP / multicast objects, which the lent pairs of GPUs cannot create
+NO_MULTICAST = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+
+
 def reason_mask(nv: Any, reasons: dict[str, int]) -> int:
     """The bits of ``reasons`` from the bindings' constants (``nv``: pynvml, or None where NVML is absent)."""
     mask = 0
@@ -49,21 +54,27 @@ def say(event: str, **fields: Any) -> None:
 
 
 class Nvml:
-    """Read-only NVML snapshots of the run's GPU (None-safe where NVML is absent)."""
+    """Read-only NVML snapshots of the run's GPUs, rank 0's card first (None-safe where NVML is absent). A pair
+    reads both cards: a call's clock is rank 0's card's, its clock-event reasons those of either card, the
+    processes those on either; a block's counters are rank 0's card's with the peer's under ``peer``."""
 
-    def __init__(self, uuid: str | None) -> None:
+    def __init__(self, uuids: list[str] | str | None) -> None:
         self.nv: Any = None
         self.h: Any = None
+        self.handles: list[Any] = []
         self.invalidating = self.power_cap = 0  # no NVML, no reasons: every sample stands
-        if not uuid:
+        wanted = [u for u in ([uuids] if isinstance(uuids, str) else (uuids or [])) if u]
+        if not wanted:
             return
         try:
             import pynvml as nv
             nv.nvmlInit()
-            self.h = nv.nvmlDeviceGetHandleByUUID(uuid)
+            self.handles = [nv.nvmlDeviceGetHandleByUUID(u) for u in wanted]
+            self.h = self.handles[0]
             self.nv = nv
         except Exception as e:  # the run still measures; the results say NVML was missing
             say("warning", message=f"NVML unavailable in the measuring process: {e}")
+            self.handles = []
             return
         self.invalidating = reason_mask(nv, INVALIDATING_REASONS)
         self.power_cap = reason_mask(nv, POWER_CAP_REASONS)
@@ -71,18 +82,28 @@ class Nvml:
     def call_snapshot(self) -> tuple[int | None, int | None]:
         if self.nv is None:
             return None, None
-        return (self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM),
-                self.nv.nvmlDeviceGetCurrentClocksEventReasons(self.h))
+        reasons = 0
+        for h in self.handles:
+            reasons |= self.nv.nvmlDeviceGetCurrentClocksEventReasons(h)
+        return self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM), reasons
 
     def pids(self) -> set[int]:
         if self.nv is None:
             return set()
-        return {int(p.pid) for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self.h)}
+        return {int(p.pid) for h in self.handles for p in self.nv.nvmlDeviceGetComputeRunningProcesses(h)}
 
     def block_counters(self) -> dict[str, Any]:
         if self.nv is None:
             return {}
-        nv, h = self.nv, self.h
+        out = self._counters(self.handles[0])
+        if len(self.handles) > 1:
+            out["peer"] = self._counters(self.handles[1])
+            out["processes"] = sorted(set(out["processes"]) | set(out["peer"]["processes"]))
+            out["power_w"] = max(out["power_w"], out["peer"]["power_w"])  # the settle pause follows the hotter card
+        return out
+
+    def _counters(self, h: Any) -> dict[str, Any]:
+        nv = self.nv
         out: dict[str, Any] = {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000,
                                "temperature_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)}
         for name, policy in (("power", nv.NVML_PERF_POLICY_POWER), ("thermal", nv.NVML_PERF_POLICY_THERMAL)):
@@ -128,9 +149,11 @@ def tensor_bytes(t: Any) -> bytes:
     return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
-def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tuple, Any]
+def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls: dict[tuple, Any],
+                    phase: str = "checks", suffix: str = ""
                     ) -> tuple[list[dict[str, Any]], dict[str, str], int]:
-    """(mismatches, batch-1 digests, comparisons made)."""
+    """(mismatches, batch-1 digests, comparisons made); a pair's keys end in ``suffix`` (``@pair``) and its
+    mismatches name the ranks."""
     import torch
     mismatches: list[dict[str, Any]] = []
     digests: dict[str, str] = {}
@@ -139,7 +162,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
     depths, batches, kernels = plan["check_depths"], plan["check_batches"], plan["kernels"]
     total = len(kernels) * len(depths) * len(batches) * n
     done = 0
-    say("progress", phase="checks", done=0, total=total)
+    say("progress", phase=phase, done=0, total=total)
 
     def get(graph: str, depth: int, batch: int, k: str) -> Any:
         key = (graph, depth, batch, k)
@@ -159,12 +182,12 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
             for batch in batches:
                 orig, sw = get("original", depth, batch, k), get("switch", depth, batch, k)
                 if k in backend:  # the first calls of a shape compile it: tens of seconds with nothing else to say
-                    say("progress", phase="checks", done=done, total=total,
+                    say("progress", phase=phase, done=done, total=total,
                         doing=f"compiling kernel set {k} (torch.compile, {backend[k].capitalize()}) for depth "
                               f"{depth}, batch {batch}")
                 for s in range(n):
                     rows = [states[(s + j) % n] for j in range(batch)]
-                    where = {"kernels": k, "depth": depth, "batch": batch, "state": s}
+                    where = {"kernels": k + suffix, "depth": depth, "batch": batch, "state": s}
                     orig.load(rows, [0] * batch)
                     orig()
                     ref = outputs_bits(orig.outputs())
@@ -172,7 +195,7 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                         h = hashlib.sha256()
                         for name in ("proposals", "confidence"):
                             h.update(name.encode() + tensor_bytes(ref[name]))
-                        digests[f"s{s:02d}/d{depth}/{k}"] = h.hexdigest()
+                        digests[f"s{s:02d}/d{depth}/{k}{suffix}"] = h.hexdigest()
                     sw.load(rows, [0] * batch)
                     sw()
                     got = outputs_bits(sw.outputs())
@@ -198,53 +221,76 @@ def check_exactness(plan: dict[str, Any], worker: Any, states: list[Any], calls:
                                                        "positions": nz})
                             made += 1
                     done += 1
-                    say("progress", phase="checks", done=done, total=total)
+                    say("progress", phase=phase, done=done, total=total)
     return mismatches, digests, made
 
 
-def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml, events: CompileEvents
+def measure(plan: dict[str, Any], workers: dict[str, Any], states: list[Any], nvml: Nvml, events: CompileEvents
             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-    """(raw samples, per-block records, run flags); ``events`` closes the warm-up and the timed phase."""
+    """(raw samples, per-block records, run flags); ``events`` closes the warm-up and the timed phase.
+    ``workers``: label suffix -> worker ("" the solo one; "@pair" the pair's, whose cells are measured beside
+    the solo ones, interleaved in the same blocks' order, so the pair-vs-solo ratios are paired)."""
     import torch
     cuda = plan["device"] == "cuda"
     labels: list[tuple[str, Any]] = []
+    streams: dict[str, list[Any]] = {}  # label -> the stream of each card its call runs on (CUDA events on each)
     for cell in plan["cells"]:
         rows = [states[j % len(states)] for j in range(cell["batch"])]
-        for k in plan["kernels"]:
-            c = worker.prepare(graph=cell["graph"], depth=cell["depth"], batch=cell["batch"], kernels=k)
-            c.load(rows, cell["mask_bits"])
-            labels.append((f"{cell['name']}/{k}", c))
-            if cell["name"] == plan["aa_cell"] and k == plan["kernels"][0]:
-                labels.append((f"{cell['name']}/{k}#aa", c))  # the same call, measured under a second label
+        for suffix, worker in workers.items():
+            for k in plan["kernels"]:
+                c = worker.prepare(graph=cell["graph"], depth=cell["depth"], batch=cell["batch"], kernels=k)
+                c.load(rows, cell["mask_bits"])
+                label = f"{cell['name']}/{k}{suffix}"
+                labels.append((label, c))
+                streams[label] = getattr(worker, "timing_streams", lambda: [])() if cuda else []
+                if cell["name"] == plan["aa_cell"] and k == plan["kernels"][0]:
+                    labels.append((label + "#aa", c))  # the same call, measured under a second label
+                    streams[label + "#aa"] = streams[label]
     proto = plan["protocol"]
-    flush = None
+    flushes: list[Any] = []
     if cuda and plan.get("l2_flush"):
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        flush = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device="cuda")
-    start_ev: Any = None
-    end_ev: Any = None
-    if cuda:
-        start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for d in range(torch.cuda.device_count()):  # each card of the run (one, or a pair's two)
+            l2 = torch.cuda.get_device_properties(d).L2_cache_size
+            flushes.append(torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=f"cuda:{d}"))
+    card_events: dict[int, tuple[Any, Any]] = {}  # a start and an end event per stream, reused call after call
 
-    def one(call: Any) -> tuple[float, float, int | None, int | None, int | None, int | None]:
-        if flush is not None:
-            flush.zero_()
-            torch.cuda.current_stream().synchronize()
+    def events_on(stream: Any) -> tuple[Any, Any]:
+        key = int(stream.cuda_stream)
+        if key not in card_events:
+            with torch.cuda.device(stream.device):
+                card_events[key] = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        return card_events[key]
+
+    def one(label: str, call: Any) -> tuple[float, float, int | None, int | None, int | None, int | None,
+                                             list[float] | None]:
+        for f in flushes:
+            f.zero_()
+            torch.cuda.synchronize(f.device)
         clk0, rsn0 = nvml.call_snapshot()
         t0 = time.perf_counter_ns()
+        cards = None
         if cuda:
-            start_ev.record()
+            # CUDA events on each card the call runs on: rank 0's card's pair brackets the whole call (its end
+            # is recorded after rank 0's stream joined rank 1's, host gaps included); the peer's, rank 1's part
+            on = streams.get(label) or [torch.cuda.current_stream()]
+            evs = [events_on(st) for st in on]
+            for st, (a, _) in zip(on, evs, strict=True):
+                a.record(st)
             call()
-            end_ev.record()
-            end_ev.synchronize()
+            for st, (_, b) in zip(on, evs, strict=True):
+                b.record(st)
+            for _, b in evs:
+                b.synchronize()
             t1 = time.perf_counter_ns()
-            dev_us = start_ev.elapsed_time(end_ev) * 1000.0
+            times = [a.elapsed_time(b) * 1000.0 for a, b in evs]
+            dev_us = times[0]
+            cards = times if len(times) > 1 else None
         else:
             call()
             t1 = time.perf_counter_ns()
             dev_us = (t1 - t0) / 1000.0
         clk1, rsn1 = nvml.call_snapshot()
-        return dev_us, (t1 - t0) / 1000.0, clk0, clk1, rsn0, rsn1
+        return dev_us, (t1 - t0) / 1000.0, clk0, clk1, rsn0, rsn1, cards
 
     # warm-up: every label, at least warmup_calls each and warmup_seconds in all
     say("progress", phase="warm-up", done=0, total=None)
@@ -252,8 +298,8 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml, ev
     t_end = t_warm + proto["warmup_seconds"]
     rounds = 0
     while rounds < proto["warmup_calls"] or time.monotonic() < t_end:
-        for _, c in labels:
-            one(c)
+        for label, c in labels:
+            one(label, c)
         rounds += 1
         say("progress", phase="warm-up", done=rounds, total=None)
         if rounds > 10_000:
@@ -275,13 +321,16 @@ def measure(plan: dict[str, Any], worker: Any, states: list[Any], nvml: Nvml, ev
             gc.disable()
             try:
                 for i in range(proto["calls"] + 1):
-                    dev_us, host_us, clk0, clk1, rsn0, rsn1 = one(call)
+                    dev_us, host_us, clk0, clk1, rsn0, rsn1, cards = one(label, call)
                     reasons = (rsn0 or 0) | (rsn1 or 0)
-                    samples.append({"label": label, "rep": rep, "pos": pos, "call": i, "discarded": i == 0,
-                                    "time_us": dev_us, "host_us": host_us,
-                                    "sm_clock_mhz": [clk0, clk1], "reasons": reasons,
-                                    "valid": not reasons & nvml.invalidating,
-                                    "power_capped": bool(reasons & nvml.power_cap)})
+                    sample = {"label": label, "rep": rep, "pos": pos, "call": i, "discarded": i == 0,
+                              "time_us": dev_us, "host_us": host_us,
+                              "sm_clock_mhz": [clk0, clk1], "reasons": reasons,
+                              "valid": not reasons & nvml.invalidating,
+                              "power_capped": bool(reasons & nvml.power_cap)}
+                    if cards is not None:
+                        sample["card_us"] = cards  # each card's events: rank 0's (the whole call), rank 1's
+                    samples.append(sample)
             finally:
                 gc.enable()
             after = nvml.block_counters()
@@ -347,6 +396,45 @@ def measure_p2p(p2p: Any, size: int, reps: int) -> dict[str, Any]:
     return out
 
 
+def measure_cpu_pair_copy(p2p: Any, size: int, reps: int) -> dict[str, Any]:
+    """A pair on the CPU: the P2P extension's CPU path (``cpu_copy``, what carries the ranks' exchange there)
+    checked bit for bit on a pattern of odd length and timed against torch's ``copy_``."""
+    import torch
+    n = size // 4 + 3  # not a multiple of any vector width: the tail is copied too
+    src = torch.arange(n, dtype=torch.int32).mul_(-1640531535)  # every byte differs from its neighbours
+    dst = torch.zeros_like(src)
+
+    def timed(fn: Any) -> dict[str, Any]:
+        fn()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        med = times[len(times) // 2]
+        return {"median_s": med, "gb_per_s": src.nbytes / med / 1e9, "min_s": times[0], "max_s": times[-1]}
+
+    p2p.cpu_copy(dst, src)
+    exact = bool(torch.equal(dst, src))
+    out: dict[str, Any] = {"bytes": src.nbytes, "repetitions": reps, "transport": "cpu", "peer_access": None,
+                           "peer_enabled": None, "peer_copy_exact": exact,
+                           "extension_peer_copy": timed(lambda: p2p.cpu_copy(dst, src)),
+                           "copy_engine": timed(lambda: dst.copy_(src))}
+    out["peer_vs_copy_engine"] = out["extension_peer_copy"]["gb_per_s"] / out["copy_engine"]["gb_per_s"]
+    out["note"] = ("both ranks on the CPU: the exchange is the extension's cpu_copy (host memory), compared "
+                   "with torch's copy_")
+    return out
+
+
+def pair_vs_solo(digests: dict[str, str]) -> dict[str, Any]:
+    """The pair's batch-1 digests against the solo run's of the same state, depth and kernel set: both ranks on
+    cards of one class compute the same operations on the same bits, and the exchange copies them exactly."""
+    keys = sorted(k for k in digests if k.endswith("@pair"))
+    differ = [k[:-len("@pair")] for k in keys if digests.get(k[:-len("@pair")]) != digests[k]]
+    return {"compared": len(keys), "mismatches": differ}
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor (``vendor_id``: GenuineIntel, AuthenticAMD): torch's CPU kernels (MKL, oneDNN) take other
     code paths on another vendor's CPU of the same instruction set, so the same ISA gives other bits there."""
@@ -388,6 +476,7 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any], kernels: di
         "modules": {name: getattr(m, "__file__", None) for name, m in modules.items()},
         "kernel_sets": kernel_set_facts(kernels),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CUDA_MODULE_LOADING",
+                                               *NO_MULTICAST,
                                                "ATEN_CPU_CAPABILITY", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
                                                "TORCHINDUCTOR_CACHE_DIR", "HOME", "TMPDIR", "PYTHONPATH",
                                                "CUDA_HOME", "PATH")},
@@ -396,6 +485,9 @@ def environment_facts(plan: dict[str, Any], modules: dict[str, Any], kernels: di
         p = torch.cuda.get_device_properties(0)
         facts.update(gpu_name=p.name, capability=f"{p.major}.{p.minor}", l2_bytes=p.L2_cache_size,
                      sm_count=p.multi_processor_count)
+        if plan.get("pair") and torch.cuda.device_count() > 1:
+            q = torch.cuda.get_device_properties(1)
+            facts.update(peer_gpu_name=q.name, peer_capability=f"{q.major}.{q.minor}")
     return facts
 
 
@@ -446,11 +538,33 @@ def main(argv: list[str]) -> int:
     device = plan["device"]
     if device == "cuda":
         torch.cuda.set_device(0)
-    nvml = Nvml(plan.get("gpu_uuid"))
+    nvml = Nvml(plan.get("gpu_uuids") or plan.get("gpu_uuid"))
     before = nvml.pids()
     worker = factory({"params": plan["params"], "device": device, "kernels": kernels, "p2p": p2p})
+    workers = {"": worker}
+    pair = plan.get("pair")
+    if pair:  # rank 1 on its own card: a second worker, measured and checked beside the solo one
+        pair = dict(pair)
+        i0, i1 = (torch.device(d).index or 0 for d in pair["devices"])
+        if device == "cuda" and i0 == i1:  # both ranks on one card (a smoke test of the code path): no link
+            pair.update(peer_access=None, peer_enabled=None, transport="one card")
+        elif device == "cuda":  # peer access where the link allows it, before any exchange; else host-staged
+            access = bool(p2p.can_access_peer(i0, i1)) and bool(p2p.can_access_peer(i1, i0))
+            enabled = access and bool(p2p.enable_peer_access(i0, i1)) and bool(p2p.enable_peer_access(i1, i0))
+            pair.update(peer_access=access, peer_enabled=enabled,
+                        transport="peer access (direct copies)" if enabled else "staged through the host")
+        else:
+            pair.update(peer_access=None, peer_enabled=None, transport="cpu")
+        peer_device = pair["devices"][1]
+        pair_worker = factory({"params": plan["params"], "device": pair["devices"][0], "kernels": kernels,
+                               "p2p": p2p, "peer_device": peer_device})
+        if getattr(pair_worker, "peer_device", None) != peer_device:
+            raise SystemExit(f"the worker's factory {plan['factory']} ignored the pair's peer_device "
+                             f"{peer_device!r}: pass ctx['peer_device'] on (runner/draft_worker.py's make_worker)")
+        workers["@pair"] = pair_worker
     if device == "cuda":
-        torch.cuda.synchronize()
+        for d in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(d)
     # NVML may report host pids inside a container: our own context is whatever appeared with it
     plan["own_gpu_pids"] = sorted(nvml.pids() - before)
     states = wmod.load_states(plan["states"])
@@ -459,14 +573,27 @@ def main(argv: list[str]) -> int:
     calls: dict[tuple, Any] = {}
     t0 = time.monotonic()
     mismatches, digests, made = check_exactness(plan, worker, states, calls)
+    pair_result: dict[str, Any] | None = None
+    if pair:
+        more, pair_digests, pair_made = check_exactness(plan, workers["@pair"], states, {}, "pair checks", "@pair")
+        mismatches += [{**m, "ranks": "pair"} for m in more]
+        digests.update(pair_digests)
+        made += pair_made
+        pair_result = {**pair, "equal_to_solo": pair_vs_solo(digests)}
     t_checks = time.monotonic() - t0
     events.end_phase("checks")  # the first calls of every shape: most compiling happens here
-    samples, blocks, flags = measure(plan, worker, states, nvml, events)
+    samples, blocks, flags = measure(plan, workers, states, nvml, events)
     p2p_result = None
     if device == "cuda" and plan.get("peer"):
         say("progress", phase="p2p", done=0, total=1)
         p2p_result = measure_p2p(p2p, plan["peer_bytes"], 20)
+    elif pair:
+        say("progress", phase="p2p", done=0, total=1)
+        p2p_result = measure_cpu_pair_copy(p2p, plan["peer_bytes"] >> 4, 20)
+    if p2p_result is not None:
+        say("progress", phase="p2p", done=1, total=1)
     results = {"format": 1, "environment": environment_facts(plan, modules, kernels), "p2p": p2p_result,
+               "pair": pair_result,
                "exactness": {"comparisons": made, "mismatches": mismatches, "seconds": round(t_checks, 3)},
                "digests": digests, "samples": samples, "blocks": blocks,
                "flags": {**flags, "own_gpu_pids": plan["own_gpu_pids"], "gpu_pids_before": sorted(before)},

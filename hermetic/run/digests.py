@@ -54,11 +54,33 @@ def kernel_class(base: str, kind: str, env: dict[str, Any], kernels: str) -> str
     return base
 
 
-def split_by_class(digests: dict[str, str], base: str, kind: str, env: dict[str, Any]) -> dict[str, dict[str, str]]:
-    """Digests (``state/depth/kernels`` keys) grouped by their kernel set's class, the base class first."""
+PAIR = "@pair"  # the suffix of a pair's digest keys (``s00/d4/torch@pair``) in the measuring process's results
+
+
+def pair_class(cls: str, link: str, peer_head: str | None = None) -> str:
+    """A pair's class: both cards' classes and the link between them, ``sm90x2-nvlink-torch...`` (or
+    ``sm90+sm80-pcie-...`` for two architectures), ``cpux2-cpu-avx512-...`` for both ranks on the CPU. Its
+    digests are recorded and compared like a solo class's, in a file of their own."""
+    head, _, tail = cls.partition("-")
+    cards = f"{head}x2" if peer_head in (None, head) else f"{head}+{peer_head}"
+    return f"{cards}-{link}-{tail}" if tail else f"{cards}-{link}"
+
+
+def split_by_class(digests: dict[str, str], base: str, kind: str, env: dict[str, Any],
+                   pair_link: str | None = None) -> dict[str, dict[str, str]]:
+    """Digests (``state/depth/kernels`` keys) grouped by their kernel set's class, the base class first; a
+    pair's (keys ending in ``@pair``) by their pair class, under the solo key (each class has its own file)."""
     groups: dict[str, dict[str, str]] = {base: {}}
+    peer = env.get("peer_capability")
+    peer_head = f"sm{str(peer).replace('.', '')}" if peer else None
     for key, value in digests.items():
-        groups.setdefault(kernel_class(base, kind, env, key.rsplit("/", 1)[-1]), {})[key] = value
+        paired = key.endswith(PAIR)
+        if paired:
+            key = key[:-len(PAIR)]
+        cls = kernel_class(base, kind, env, key.rsplit("/", 1)[-1])
+        if paired:
+            cls = pair_class(cls, pair_link or "cpu", peer_head)
+        groups.setdefault(cls, {})[key] = value
     return {cls: g for cls, g in groups.items() if g or cls == base}
 
 

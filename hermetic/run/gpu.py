@@ -170,3 +170,45 @@ def own_process_tree() -> frozenset[int]:
         return frozenset([me.pid, *(c.pid for c in me.children(recursive=True))])
     except Exception:
         return frozenset([os.getpid()])
+
+
+# the link between a pair's two cards -----------------------------------------------------------------------
+# NVML's topology levels (nvmlGpuTopologyLevel_t), by the words the receipt uses
+TOPOLOGY = {0: "internal", 10: "single PCIe switch", 20: "multiple PCIe switches", 30: "PCIe host bridge",
+            40: "same CPU (NUMA node)", 50: "across CPUs (SMP interconnect)"}
+
+
+def link_word(link: dict[str, Any]) -> str:
+    """The link's kind in a pair's device class: ``nvlink``, ``pcie`` or ``cpu``."""
+    return str(link.get("kind", "cpu"))
+
+
+def nvml_link(a: int, b: int) -> dict[str, Any]:
+    """The link between GPUs ``a`` and ``b`` as NVML sees it: the NVLinks of ``a`` whose remote end is ``b``'s
+    PCI bus (``{"kind": "nvlink", "links": N}``), else the PCIe path's common ancestor (``{"kind": "pcie",
+    "topology": ...}``). Read only; a fact NVML cannot give is None, never guessed."""
+    nv = nvml()
+    ha, hb = nv.nvmlDeviceGetHandleByIndex(a), nv.nvmlDeviceGetHandleByIndex(b)
+    bus_b = _text(nv.nvmlDeviceGetPciInfo(hb).busId).lower()
+    links = direct = 0
+    version = None
+    for n in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            if nv.nvmlDeviceGetNvLinkState(ha, n) != nv.NVML_FEATURE_ENABLED:
+                continue
+            remote = _text(nv.nvmlDeviceGetNvLinkRemotePciInfo_v2(ha, n).busId).lower()
+            version = version or nv.nvmlDeviceGetNvLinkVersion(ha, n)
+        except (nv.NVMLError, AttributeError):
+            continue
+        # an NVSwitch system's links end on a switch, not on b: they count as links of the fabric both share
+        links += 1
+        direct += remote.lstrip("0") == bus_b.lstrip("0")
+    try:
+        level = int(nv.nvmlDeviceGetTopologyCommonAncestor(ha, hb))
+        topology: str | None = TOPOLOGY.get(level, f"level {level}")
+    except (nv.NVMLError, AttributeError):
+        topology = None
+    if links:
+        return {"kind": "nvlink", "links": links, "direct_to_peer": direct, "nvlink_version": version,
+                "topology": topology}
+    return {"kind": "pcie", "links": 0, "topology": topology}

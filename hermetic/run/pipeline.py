@@ -106,6 +106,7 @@ class Locked(NamedTuple):
     peer: Any
     wanted: list[tuple[str, str]]       # (lock file, what) in a fixed order: no two runs deadlock
     waited: float
+    pair: dict[str, Any] | None = None  # a pair run: its cards (rank 0's first) and the link between them
 
 
 class Measured(NamedTuple):
@@ -175,9 +176,11 @@ def validate(root: Root, runner_path: Path, reporter: Reporter, options: RunOpti
                                                      lock_timeout=options.lock_timeout, states=options.states)
     kind = pick_device(options.device)
     spec = runner.device(kind)
-    if options.peer_index is not None and (kind != "gpu" or options.peer_index == options.gpu_index):
-        raise BadInput("--peer needs a GPU run and a second GPU", where="--peer",
-                       hint="for example --gpu 0 --peer 1 on a machine with two GPUs")
+    if options.peer_index is not None and (options.peer_index == options.gpu_index or options.peer_index < 0
+                                           or options.gpu_index < 0):
+        raise BadInput(f"--peer {options.peer_index} needs a second card, other than --gpu {options.gpu_index}",
+                       where="--peer", hint="for example --gpu 0 --peer 1 (on the CPU, both ranks run on the CPU "
+                                            "and the two cards are the lock discipline's only)")
     root.ensure()
     for warning in spec.warnings:   # CPUs of cpus this machine lacks
         reporter.warn(warning)
@@ -223,24 +226,57 @@ def realize_all(root: Root, setup: RunSetup, reporter: Reporter, options: RunOpt
     return out
 
 
+def card_locks(kind: str, cards: dict[int, str]) -> list[tuple[str, str]]:
+    """(lock file, what) of each card a run measures on, in one fixed order, the cards' index (NVML's on a
+    GPU machine): two runs wanting cards in crossed orders (``--gpu 0 --peer 1`` and ``--gpu 1 --peer 0``), or a
+    pair and a solo run sharing one card, never each hold one lock the other waits for. ``cards``: index ->
+    UUID (a GPU) or "" (the CPU). On the CPU, card 0 is the machine's CPU lock (every solo CPU run takes it)
+    and card N a lock of its own: a CPU pair (``--device cpu --peer N``) takes both, so its lock discipline
+    runs wherever the tests do."""
+    host = socket.gethostname()
+    out = []
+    for index in sorted(cards):
+        if kind == "gpu":
+            out.append((f"gpu-{cards[index]}.lock", f"GPU {index} ({cards[index]})"))
+        elif index == 0:
+            out.append((f"cpu-{host}.lock", "this machine's CPU measurements"))
+        else:
+            out.append((f"cpu-{host}-card{index}.lock", f"CPU card {index} (a pair's lock on this machine)"))
+    return out
+
+
 def lock(setup: RunSetup, options: RunOptions, reporter: Reporter, held: Held) -> Locked:
     """Step 3: the device's machine-wide locks, in a fixed order; ``held`` keeps each as it is taken."""
     gpu = peer = None
+    peer_index = options.peer_index
+    pairing = peer_index is not None
     if setup.kind == "gpu":
         from hermetic.run.gpu import nvml_facts
         gpu = nvml_facts(options.gpu_index)
-        peer = nvml_facts(options.peer_index) if options.peer_index is not None else None
-        wanted = sorted((f"gpu-{g.uuid}.lock", f"GPU {g.index} ({g.uuid})") for g in (gpu, peer) if g is not None)
+        peer = nvml_facts(peer_index) if peer_index is not None else None
+        wanted = card_locks("gpu", {g.index: g.uuid for g in (gpu, peer) if g is not None})
         timeout = setup.spec.lock_timeout
     else:
-        wanted = [(f"cpu-{socket.gethostname()}.lock", "this machine's CPU measurements")]
+        cards = [options.gpu_index, options.peer_index] if pairing else [0]
+        wanted = card_locks("cpu", {c: "" for c in cards if c is not None})
         timeout = setup.runner.protocol.cpu_lock_timeout
     waited = 0.0
     for lock_name, what in wanted:
         lk, w = take_lock(setup.lock_dir, lock_name, timeout, reporter, what)
         held.locks.append(lk)
         waited += w
-    return Locked(gpu, peer, wanted, waited)
+    pair = None
+    if pairing:
+        pair = {"cards": [options.gpu_index, options.peer_index], "link": {"kind": "cpu"},
+                "devices": ["cuda:0", "cuda:1"] if setup.kind == "gpu" else ["cpu", "cpu"],
+                "lock_order": [n for n, _ in wanted]}
+        if setup.kind == "gpu":
+            from hermetic.run.gpu import nvml_link
+            try:
+                pair["link"] = nvml_link(options.gpu_index, peer_index)  # type: ignore[arg-type]
+            except Exception as e:  # a fact NVML cannot give is said, never guessed, and never fails the run
+                pair["link"] = {"kind": "unknown", "error": f"{type(e).__name__}: {e}"}
+    return Locked(gpu, peer, wanted, waited, pair)
 
 
 def preconditions(setup: RunSetup, realized: list[Realized], locked: Locked, options: RunOptions) -> Locked:
@@ -251,8 +287,8 @@ def preconditions(setup: RunSetup, realized: list[Realized], locked: Locked, opt
     cuda = max((r.cuda for r in realized if r.cuda), default=None)
     gpu = gpu_preconditions(setup.runner, archs, cuda, options.gpu_index, setup.spec)
     peer = locked.peer
-    if options.peer_index is not None:
-        peer = gpu_preconditions(setup.runner, archs, cuda, options.peer_index, setup.spec, peer=True)
+    if options.peer_index is not None:  # each card of a pair meets every precondition, the power cap included
+        peer = gpu_preconditions(setup.runner, archs, cuda, options.peer_index, setup.spec)
     return locked._replace(gpu=gpu, peer=peer)
 
 
@@ -291,7 +327,7 @@ def analyse(setup: RunSetup, realized: list[Realized], locked: Locked, measured:
                      for r in realized],
         "refs": sorted({entry_ref(e) for r in realized for e in r.entries}),
         "cpu": cpu_facts(spec), "gpu": gpu.to_json() if gpu else None,
-        "peer_gpu": peer.to_json() if peer else None,
+        "peer_gpu": peer.to_json() if peer else None, "pair": _pair_record(locked),
         "locks": {"paths": [str(setup.lock_dir / n) for n, _ in locked.wanted], "waited_s": round(locked.waited, 3)},
         "limits": {"threads": spec.threads, "cpus": list(spec.cpus) if spec.cpus else None, "nice": spec.nice,
                    "memory_guard": spec.memory, "address_space": spec.address_space if kind == "cpu" else None},
@@ -312,7 +348,10 @@ def analyse(setup: RunSetup, realized: list[Realized], locked: Locked, measured:
     analysis = analyze(raw, runner, kind)
     cls = device_class(kind, raw["environment"])
     body.update(environment=raw["environment"], modules=_module_hashes(raw["environment"]), device_class=cls)
-    groups = split_by_class(raw["digests"], cls, kind, raw["environment"])
+    from hermetic.run.gpu import link_word
+    link = (locked.pair or {}).get("link")
+    groups = split_by_class(raw["digests"], cls, kind, raw["environment"],
+                            pair_link=link_word(link) if link else None)
     dig = combine([check_digests(group, runner.digests, c, now=receipt_facts(body), recording=record_digests)
                    for c, group in groups.items()])
     exact = raw["exactness"]
@@ -322,11 +361,15 @@ def analyse(setup: RunSetup, realized: list[Realized], locked: Locked, measured:
               "digests": {**{k: v for k, v in dig.items() if k != "mismatches"},
                           "mismatches": len(dig["mismatches"])},
               "compile": compiled}
-    failed = bool(exact["mismatches"]) or dig["status"] == "mismatch" or not compiled["passed"]
+    pair_check = _pair_check(raw, cls, kind)
+    if pair_check is not None:
+        checks["pair"] = pair_check
+    failed = (bool(exact["mismatches"]) or dig["status"] == "mismatch" or not compiled["passed"]
+              or (pair_check is not None and not pair_check["passed"]))
     results = {"format": 1, "runner": runner.name, "device": kind, "device_class": cls,
                "environment": raw["environment"], "checks": checks,
                "exactness_mismatches": exact["mismatches"], "digest_mismatches": dig["mismatches"],
-               "analysis": analysis, "p2p": raw.get("p2p"), "compile": raw.get("compile"),
+               "analysis": analysis, "p2p": raw.get("p2p"), "pair": raw.get("pair"), "compile": raw.get("compile"),
                "kernels": raw.get("kernels"), "kernels_skipped": raw.get("kernels_skipped", {}),
                "flags": {**analysis["flags"], **raw["flags"],
                          "unknown_digest_class": dig["status"] == "unknown-class",
@@ -383,6 +426,11 @@ def outputs(root: Root, setup: RunSetup, measured: Measured, analysed: Analysed,
 
 
 # the measuring process -------------------------------------------------------------------------------------
+# in every measuring process's environment, solo or pair: no NVLink SHARP / multicast objects (NCCL's NVLS,
+# torch's symmetric memory, NVSHMEM), which the lent GPU pairs cannot create (their fabric's multicast is off)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
 def child_env(root: Root, setup: RunSetup, realized: list[Realized], gpu_uuids: list[str]) -> dict[str, str]:
     """A cleared environment: only what the run sets, caches inside the root, realized modules first, and the
     first realized toolchain as CUDA_HOME and on PATH (none without one: never a system CUDA)."""
@@ -400,6 +448,7 @@ def child_env(root: Root, setup: RunSetup, realized: list[Realized], gpu_uuids: 
         "OPENBLAS_NUM_THREADS": threads, "NUMEXPR_NUM_THREADS": threads,
         "CUDA_VISIBLE_DEVICES": ",".join(gpu_uuids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "HERMETIC_ROOT": str(root.path),
+        **NO_MULTICAST,
     })
     for key in ("CUDA_MODULE_LOADING", "ATEN_CPU_CAPABILITY"):  # passed on and recorded, never set by us
         if os.environ.get(key):  # ATEN_CPU_CAPABILITY=avx2 lowers torch's CPU dispatch, and with it the class
@@ -420,6 +469,9 @@ def make_plan(setup: RunSetup, locked: Locked, run_dir: Path) -> dict[str, Any]:
         "worker": str(runner.worker), "factory": runner.factory, "params": runner.params,
         "states": str(runner.states), "device": "cuda" if kind == "gpu" else "cpu",
         "gpu_uuid": gpu.uuid if gpu else None, "kernels": list(spec.kernels), "modules": runner.modules,
+        "gpu_uuids": [g.uuid for g in (gpu, locked.peer) if g is not None],
+        "pair": ({"devices": locked.pair["devices"], "cards": locked.pair["cards"], "link": locked.pair["link"]}
+                 if locked.pair else None),
         "compile": {k: b for k, b in runner.compiled.items() if k in spec.kernels},
         "p2p": runner.p2p_module, "threads": spec.threads,
         "check_depths": list(runner.check_depths), "check_batches": list(runner.check_batches),
@@ -497,6 +549,36 @@ def measure_in_child(root: Root, setup: RunSetup, realized: list[Realized], lock
     return raw, guard.record(), rc, tail, refused
 
 
+def _pair_record(locked: Locked) -> dict[str, Any] | None:
+    """The receipt's pair: the cards (rank 0's first) with each one's facts and preconditions (those of a GPU,
+    checked like a solo run's; "cpu" on the CPU), the link between them (NVML's, or "cpu") and the lock order."""
+    pair = locked.pair
+    if pair is None:
+        return None
+    cards = [g.to_json() if g is not None else "cpu" for g in (locked.gpu, locked.peer)]
+    return {"cards": [{"index": i, "facts": c} for i, c in zip(pair["cards"], cards, strict=True)],
+            "link": pair["link"], "devices": pair["devices"], "lock_order": pair["lock_order"],
+            "preconditions": "checked on each card" if locked.gpu is not None else "cpu (none to check)"}
+
+
+def _pair_check(raw: dict[str, Any], cls: str, kind: str) -> dict[str, Any] | None:
+    """A pair run's own checks: the exchange's copy bit-exact, and (both cards of one class) every batch-1
+    output of the pair equal to the solo run's. Exactness across both ranks is the exactness check's."""
+    pair = raw.get("pair")
+    if not pair:
+        return None
+    p2p = raw.get("p2p") or {}
+    exact = p2p.get("peer_copy_exact")
+    env = raw["environment"]
+    same_class = kind == "cpu" or env.get("peer_capability") in (None, env.get("capability"))
+    eq = pair.get("equal_to_solo") or {"compared": 0, "mismatches": []}
+    passed = exact is not False and (not same_class or not eq["mismatches"]) and eq["compared"] > 0
+    return {"passed": passed, "peer_copy_exact": exact, "transport": pair.get("transport") or p2p.get("transport"),
+            "link": pair.get("link"), "equal_to_solo": {"compared": eq["compared"],
+                                                        "mismatches": eq["mismatches"][:20],
+                                                        "required": same_class}}
+
+
 def compile_check(raw: dict[str, Any]) -> dict[str, Any]:
     """Passed when every compiled set ran compiled (no graph break, no fallback to eager) and the timed phase
     compiled nothing and wrote nothing into the kernel caches; with the counts a second run is judged by."""
@@ -567,6 +649,16 @@ def _say_results(reporter: Reporter, results: dict[str, Any], dig: dict[str, Any
                                  f"{plural(chk['exactness']['mismatches'], 'mismatches')}; digests: "
                                  + ", ".join(f"{c} {v['status']}" for c, v in (dig.get("classes") or
                                                                                 {dig["class"]: dig}).items()))
+    pair = chk.get("pair")
+    if pair:
+        eq = pair["equal_to_solo"]
+        reporter.event("run-pair", f"pair: the exchange {pair['transport']} (link {pair['link'].get('kind')}), "
+                                   f"its copy {'bit-exact' if pair['peer_copy_exact'] else 'NOT exact'}; "
+                                   f"{plural(eq['compared'], 'outputs')} against the solo run's, "
+                                   f"{len(eq['mismatches'])} differ")
+        if not pair["passed"]:
+            reporter.warn(f"the pair's checks failed: {', '.join(eq['mismatches'][:5]) or 'the copy is not exact'}"
+                          + (" differ from the solo outputs" if eq["mismatches"] else ""))
     comp = chk["compile"]
     for k, v in comp["sets"].items():
         reporter.event("run-compile", f"compiled set {k}: {v['status']} ({v['reason']}; "

@@ -51,6 +51,7 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
                   for c, v in classes.items()]
     lines += [f"  {line}" for line in digest_notes(results)]
     lines += compile_lines(chk.get("compile"))
+    lines += pair_lines(results)
     lines.append("")
     mism = results["exactness_mismatches"]
     if mism:
@@ -97,7 +98,17 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
               f"* other compute process seen: {'**yes: run invalid**' if f.get('other_process_seen') else 'no'}",
               f"* repetitions: {a['repetitions_advice']['message']}", ""]
     p2p = results.get("p2p")
-    if p2p and "skipped" not in p2p:
+    if p2p and "skipped" not in p2p and p2p.get("transport") == "cpu":
+        lines += ["", f"## The pair's exchange on the CPU ({p2p['bytes'] >> 20} MiB, median of "
+                      f"{p2p['repetitions']})", "",
+                  f"{p2p['note']}; the copy through the extension is "
+                  f"{'exact' if p2p['peer_copy_exact'] else '**NOT exact**'}.", "",
+                  "| copy | GB/s | median s |", "|---|---:|---:|",
+                  f"| hermetic_p2p.cpu_copy | {p2p['extension_peer_copy']['gb_per_s']:.1f} | "
+                  f"{p2p['extension_peer_copy']['median_s']:.6f} |",
+                  f"| torch copy_ | {p2p['copy_engine']['gb_per_s']:.1f} | {p2p['copy_engine']['median_s']:.6f} |",
+                  ""]
+    elif p2p and "skipped" not in p2p:
         lines += ["", f"## P2P between two GPUs ({p2p['bytes'] >> 20} MiB, median of {p2p['repetitions']})", "",
                   f"{p2p['note']}; the copy through the extension is "
                   f"{'exact' if p2p['peer_copy_exact'] else '**NOT exact**'}.", "",
@@ -112,6 +123,34 @@ def write_report(path: Path, results: dict[str, Any], runner: Runner, plot: Path
         lines += ["", f"![per-repetition medians and ratios]({plot.name})", ""]
     fs.atomic_write(path, ("\n".join(lines) + "\n").encode())
     return path
+
+
+def pair_lines(results: dict[str, Any]) -> list[str]:
+    """A pair run's checks: where each rank ran, the link and how the exchange crossed it, the copy's
+    exactness, the pair's outputs against the solo run's; the pair's A/A control."""
+    pair, chk = results.get("pair"), results["checks"].get("pair")
+    if not pair or not chk:
+        return []
+    link = pair.get("link") or {}
+    if link.get("kind") == "nvlink":
+        said = f"NVLink ({link.get('links')} links, version {link.get('nvlink_version')})"
+    elif link.get("kind") == "pcie":
+        said = f"PCIe ({link.get('topology') or 'path unknown'})"
+    else:
+        said = "cpu (both ranks on the CPU)"
+    eq = chk["equal_to_solo"]
+    exact = chk["peer_copy_exact"]
+    copy = "bit-exact" if exact else "**NOT exact**" if exact is False else "not checked"
+    out = [f"* pair: rank 0 on card {pair['cards'][0]}, rank 1 on card {pair['cards'][1]} "
+           f"({', '.join(pair['devices'])}); link {said}; the exchange: {chk['transport']}; the copy {copy}"
+           f"; the pair's batch-1 outputs against the solo run's: {eq['compared']} compared, "
+           f"{len(eq['mismatches'])} differ" + ("" if eq["required"] else " (cards of two classes: not required)")
+           + f" -> **{'pass' if chk['passed'] else 'FAIL'}**"]
+    pa = results["analysis"].get("pair_aa")
+    if pa:
+        lo, hi = pa["sign_ci"]
+        out.append(f"* the pair's A/A control: [{lo:.4f}, {hi:.4f}], {100 * (hi - lo):.2f} % wide")
+    return out
 
 
 def not_measured_line(results: dict[str, Any]) -> str:
