@@ -43,7 +43,8 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     if outcome is None:  # only now pay for importing the pipeline
         from hermetic.realize.pipeline import RealizeOptions, realize
         outcome = realize(root, args.recipe, reporter,
-                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox))
+                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox,
+                                         args.dist))
     else:
         reporter.detail("noop", f"{outcome.name}: no input changed since its last realize (recorded fingerprints "
                                 "and hashes): nothing fetched, compiled or written")
