@@ -34,6 +34,9 @@ def _remote(args: argparse.Namespace) -> RemoteOptions | None:
 
 def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     remote = _remote(args)
+    if args.dist is not None or os.environ.get("HERMETIC_DIST"):  # bad input now, before any work
+        from hermetic.extensions.dist import resolve_dist
+        resolve_dist(args.dist, os.environ, None)
     if args.dry_run:
         from hermetic.realize.dryrun import dry_run
         from hermetic.realize.pipeline import RealizeOptions
