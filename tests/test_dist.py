@@ -50,7 +50,8 @@ def cluster(tmp_path: Path):  # type: ignore[no-untyped-def]
         c.stop()
 
 
-def _project(tmp_path: Path, name: str, files: dict[str, str] | None = None, cflags: str = OPT) -> Path:
+def _project(tmp_path: Path, name: str, files: dict[str, str] | None = None, cflags: str = OPT,
+             jobs: int | None = 2) -> Path:
     folder = tmp_path / name
     if files is None:
         import shutil
@@ -62,7 +63,7 @@ def _project(tmp_path: Path, name: str, files: dict[str, str] | None = None, cfl
     import shutil
     shutil.copy(TOOLCHAIN_LOCK, folder)
     (folder / "recipe.toml").write_text(recipe_toml(
-        name, toolchain=True, archs=["9.0"], sources={"src": "src"}, jobs=2,
+        name, toolchain=True, archs=["9.0"], sources={"src": "src"}, jobs=jobs,
         extensions=['name = "dist_ext"\nsource = "src"\nsources = ["*.cpp", "*.cu"]\ninclude_dirs = ["."]\n'
                     f'cflags = [{cflags}]\ncuda_cflags = [{cflags}]']))
     return folder / "recipe.toml"
@@ -188,7 +189,9 @@ int heavy(const std::string& s) {
 def test_a_server_killed_mid_compile_is_a_fallback_and_a_successful_realize(
         tmp_path: Path, root: Path, cluster: LoopbackCluster) -> None:
     import threading
-    recipe = _project(tmp_path, "distkill", {"heavy.cpp": HEAVY, "one.cpp": ONE})
+    # no jobs in the recipe: the cluster's CPUs plus the local ones
+    recipe = _project(tmp_path, "distkill", {"heavy.cpp": HEAVY, "one.cpp": ONE}, jobs=None)
+    cpus = cluster.status()["num_cpus"]
     killed: list[float] = []
 
     def kill_when_busy() -> None:
@@ -213,6 +216,7 @@ def test_a_server_killed_mid_compile_is_a_fallback_and_a_successful_realize(
     dist = receipt["schedule"]["dist"]  # type: ignore[index]
     assert dist["objects_local"] >= 1 and dist["fallbacks"] >= 1 and dist["why"], dist
     assert "compiled locally beside the cluster" in err
+    assert receipt["schedule"]["jobs"] == (os.cpu_count() or 1) + cpus  # type: ignore[index]
     assert _built_by(root, "distkill")["heavy.cpp"] is None
     assert _verify(root)["heavy.cpp"] == "same"
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hermetic import fs
 from hermetic.errors import BadInput
 
 ENV_URL, ENV_TOKEN, ENV_SCCACHE = "HERMETIC_DIST", "HERMETIC_DIST_TOKEN", "HERMETIC_SCCACHE"
@@ -187,9 +188,7 @@ class Session:
         conf = self.folder / "run" / "config.toml"
         text = (f'[dist]\nscheduler_url = "{self.settings.url}"\ncache_dir = "{self.folder / "toolchains"}"\n'
                 f'toolchain_cache_size = 4294967296\n\n[dist.auth]\ntype = "token"\ntoken = "{self.settings.token}"\n')
-        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        fs.atomic_write(conf, text.encode(), mode=0o600, durable=False)  # the token: this user's alone
 
     def socket(self) -> str:
         path = str(self.folder / "run" / "s.sock")
