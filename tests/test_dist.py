@@ -127,6 +127,19 @@ def test_the_fixture_compiled_by_the_cluster_is_what_a_local_compile_writes(
     assert tars, list((folder / "toolchains").rglob("*"))
 
 
+def test_p2p_compiled_by_the_cluster_is_what_a_local_compile_writes(tmp_path: Path, root: Path,
+                                                                    cluster: LoopbackCluster) -> None:
+    """p2p (torch's headers: a C++ unit and a CUDA unit at -O2) built through the cluster: both remote-built,
+    and the same bytes as a local compile."""
+    receipt, _err = _realize(tmp_path, root, REPO / "recipes" / "p2p.toml",
+                             {"HERMETIC_DIST": cluster.url, "HERMETIC_DIST_TOKEN": cluster.token})
+    dist = receipt["schedule"]["dist"]  # type: ignore[index]
+    assert (dist["objects_remote"], dist["objects_local"], dist["fallbacks"]) == (2, 0, 0), dist
+    assert set(_built_by(root, "p2p").values()) == {cluster.url}
+    verified = _verify(root)
+    assert (verified["p2p.cpp"], verified["p2p_kernels.cu"]) == ("same", "same"), verified
+
+
 def test_without_optimization_c_plus_plus_stays_local_and_the_cuda_host_step_too(
         tmp_path: Path, root: Path, cluster: LoopbackCluster) -> None:
     """At -O0 gcc's code follows line locations, which a remote compile's preprocessed text moves (seen: a
