@@ -78,10 +78,14 @@ def _realize(tmp_path: Path, root: Path, recipe: Path, dist: dict[str, str], *ar
     return receipt, p.stderr
 
 
-def _verify(root: Path) -> dict[str, str]:
+def _verify(root: Path, details: dict[str, str] | None = None) -> dict[str, str]:
+    """Source -> outcome of ``verify --rebuild-sample 100`` (each object compiled again locally); ``details``
+    gets each one's detail."""
     p = cli.run(root, "verify", "--rebuild-sample", "100", "--json", env=dict(os.environ), timeout=900)
     result = json.loads(p.stdout.splitlines()[-1])
     assert p.returncode == 0, result
+    if details is not None:
+        details.update({r["source"]: r["detail"] for r in result["rebuilt"]})
     return {r["source"]: r["outcome"] for r in result["rebuilt"]}
 
 
@@ -112,8 +116,10 @@ def test_the_fixture_compiled_by_the_cluster_is_what_a_local_compile_writes(
     built_by = _built_by(root, "distfix")
     assert {s: u for s, u in built_by.items() if s != "clock.cpp"} == {s: cluster.url for s in units - {"clock.cpp"}}
     # every object compiled again locally, with plain g++ and nvcc: the same bytes
-    verified = _verify(root)
+    details: dict[str, str] = {}
+    verified = _verify(root, details)
     assert {s: verified.get(s) for s in units - {"clock.cpp"}} == {s: "same" for s in units - {"clock.cpp"}}
+    assert details["kern.cu"] == f"compiled by the build cluster {cluster.url}; the same bytes here"
     audit = receipt["outside_root_audit"]
     home, tmp = str(tmp_path / "distfix-home"), str(tmp_path / "distfix-tmp")
     assert [p for p in audit["created"] + audit["changed"] + audit["removed"]  # type: ignore[index,operator]
