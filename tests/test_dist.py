@@ -7,8 +7,10 @@ in a successful realize that says why it compiled locally."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import tarfile
 import time
 from pathlib import Path
 
@@ -89,6 +91,11 @@ def _verify(root: Path, details: dict[str, str] | None = None) -> dict[str, str]
     return {r["source"]: r["outcome"] for r in result["rebuilt"]}
 
 
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
 def _built_by(root: Path, recipe: str) -> dict[str, str | None]:
     """Source -> the cluster that compiled it (None: compiled locally), for the objects ``recipe`` built."""
     store = Store(root / "store")
@@ -127,10 +134,20 @@ def test_the_fixture_compiled_by_the_cluster_is_what_a_local_compile_writes(
     folder = root / "build" / "distfix" / ".dist"
     assert not (folder / "run").exists()  # the token's config and the daemon's socket are gone
     assert cluster.token not in err and cluster.token not in json.dumps(receipt)
-    # the server's toolchains are hermetic's: the nvcc steps' binaries are the root's store entries
-    tars = list((folder / "toolchains").rglob("*.tar*")) + [p for p in (folder / "toolchains").rglob("*")
-                                                             if p.is_file() and "tc" in p.parts]
-    assert tars, list((folder / "toolchains").rglob("*"))
+    # the servers' CUDA tools are hermetic's: sccache packaged cudafe++, cicc and ptxas from the root's store
+    # entries (the same bytes), and no file of a system CUDA
+    client = folder / "toolchains" / "client"
+    packaged = {}
+    for compiler, archive in json.loads((client / "weak_map.json").read_text()).items():
+        real = os.path.realpath(compiler.rsplit("-", 1)[0])
+        with tarfile.open(client / "tc" / archive[0] / archive[1] / archive) as tar:
+            assert not [n for n in tar.getnames() if "usr/local/cuda" in n]
+            member = next(m for m in tar.getmembers() if m.name.lstrip("./") == real.lstrip("/"))
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+        packaged[os.path.basename(real)] = (real.startswith(str(root / "store" / "entries")),
+                                            hashlib.sha256(data).hexdigest() == _sha256(real))
+    assert {k: packaged[k] for k in ("cudafe++", "cicc", "ptxas")} == dict.fromkeys(("cudafe++", "cicc", "ptxas"),
+                                                                                    (True, True)), packaged
 
 
 def test_p2p_compiled_by_the_cluster_is_what_a_local_compile_writes(tmp_path: Path, root: Path,
