@@ -272,3 +272,16 @@ def test_setting_precedence_and_bad_urls(tmp_path: Path) -> None:
     p = cli.run(tmp_path / "root", "realize", recipe, env=child_env(tmp_path / "h", tmp_path / "t"))
     assert p.returncode == 2 and "remote.dist" in p.stderr and "recipe.toml" in p.stderr, p.stderr[-2000:]
     assert REPO.exists()
+
+
+def test_a_client_daemon_that_does_not_start_is_a_local_build(tmp_path: Path, root: Path,
+                                                              cluster: LoopbackCluster) -> None:
+    """sccache's daemon exits at once (HERMETIC_SCCACHE names /bin/false): distwrap stops before any compile,
+    and the graph compiles the same units locally, saying why."""
+    recipe = _project(tmp_path, "distnodaemon", {"one.cpp": ONE})
+    receipt, err = _realize(tmp_path, root, recipe, {"HERMETIC_DIST": cluster.url, "HERMETIC_DIST_TOKEN": cluster.token,
+                                                     "HERMETIC_SCCACHE": "/bin/false"})
+    assert f"the build cluster {cluster.url} is not used: sccache's client daemon did not start" in err, err
+    assert receipt["schedule"]["dist"]["used"] is False  # type: ignore[index]
+    assert _built_by(root, "distnodaemon") == {"one.cpp": None}
+    assert not (root / "build" / "distnodaemon" / ".dist" / "run").exists()
