@@ -61,7 +61,7 @@ class Limits:
     address_space: int | None = None       # RLIMIT_AS of every compiler process, bytes
     sandbox: str | None = None             # auto, required or off (hermetic.sandbox); None: not set here
     warnings: tuple[str, ...] = ()         # what realize says of these limits (CPUs of cpus this machine lacks)
-    jobs_set: bool = False                 # whether the recipe says jobs (else the CPU count: hermetic.config's)
+    jobs_set: bool = False                 # jobs said, not defaulted (else the CPU count; a cluster adds its)
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class Recipe:
     variants: tuple[Variant, ...] = ()
     remote_url: str | None = None  # [remote] url: a team's cache (hermetic.remote.settings), no credentials
     remote_mode: str | None = None
+    remote_dist: str | None = None # [remote] dist: a build cluster's scheduler (extensions.dist), no token
 
     @property
     def folder(self) -> Path:
@@ -154,18 +155,22 @@ def load_recipe(path: Path) -> Recipe:
     if not locks and not exts:
         raise BadInput("the recipe names no lock and builds nothing", where=doc.where("recipe"),
                        hint='add locks = ["../manifests/NAME.txt"] under [recipe], or [[extensions]]')
-    remote_url, remote_mode = _remote(doc, data.get("remote", {}))
+    remote_url, remote_mode, remote_dist = _remote(doc, data.get("remote", {}))
     return Recipe(path.resolve(), name, locks, toolchain, doc, python, toolchain_lock, sources, limits, exts,
-                  variants or (Variant("default"),), remote_url, remote_mode)
+                  variants or (Variant("default"),), remote_url, remote_mode, remote_dist)
 
 
-def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None]:
-    """[remote] url and mode. Credentials never go in a recipe: they come with the environment."""
+def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None, str | None]:
+    """[remote] url, mode and dist. Credentials never go in a recipe: they come with the environment."""
     kp: KeyPath = ("remote",)
     table = expect_type(doc, raw, dict, kp)
-    check_keys(doc, table, {"url", "mode"}, kp)
+    check_keys(doc, table, {"url", "mode", "dist"}, kp)
     url = get_key(doc, table, "url", str, kp)
     mode = get_key(doc, table, "mode", str, kp)
+    dist = get_key(doc, table, "dist", str, kp)
+    if dist is not None and dist != "off" and not re.match(r"^https?://[A-Za-z0-9.\-\[\]:]+/?$", dist):
+        raise BadInput(f"remote.dist {dist!r} is not a scheduler URL (http://HOST:PORT, no path or credentials)",
+                       where=doc.where(*kp, "dist"), hint="the token goes in HERMETIC_DIST_TOKEN, never in a recipe")
     if url is not None:
         from hermetic.urls import split_credentials
         _base, auth = split_credentials(url, doc.where(*kp, "url"))
@@ -176,7 +181,7 @@ def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None]:
     if mode is not None and mode not in ("off", "ro", "rw"):
         raise BadInput(f"remote.mode {mode!r} is not one of off, ro, rw", where=doc.where(*kp, "mode"),
                        hint="ro reads the cache; rw also writes it (trusted builders only)")
-    return url, mode
+    return url, mode, dist
 
 
 def _toolchain(doc: TomlDoc, folder: Path, data: dict[str, Any]) -> tuple[Toolchain | None, Path | None]:

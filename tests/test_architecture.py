@@ -238,6 +238,10 @@ WRITE_ALLOWED = {
                              "interpreter inside the realized environment); it writes its results file once",
     "hermetic/extensions/costwrap.py": "the compile wrapper runs under ninja without site or hermetic (python -S); "
                                        "it writes one small JSON file, through a temp file renamed into place",
+    "hermetic/extensions/distwrap.py": "runs ninja beside sccache's daemon without site or hermetic (python -S); "
+                                       "it writes the daemon's statistics once",
+    "hermetic/extensions/nvccsplit.py": "one nvcc compile as its steps, under ninja without site or hermetic "
+                                        "(python -S); it writes the compile's dependency file, as nvcc -MD does",
     "hermetic/run/pipeline.py": "the worker's log, written line by line while the child prints: a growing log "
                                 "cannot be written atomically",
 }

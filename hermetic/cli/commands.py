@@ -38,6 +38,9 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     if args.dry_run and args.check:
         raise BadInput("--dry-run and --check exclude each other", where="the command line",
                        hint="--dry-run prints the plan and exits 0; --check exits 4 when there is work to do")
+    if args.dist is not None or os.environ.get("HERMETIC_DIST"):  # bad input now, before any work
+        from hermetic.extensions.dist import resolve_dist
+        resolve_dist(args.dist, os.environ, None)
     if args.check:   # the common answer first, as cheaply as a no-op realize: nothing to do, nothing imported
         from dataclasses import replace
 
@@ -58,7 +61,8 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
     if outcome is None:  # only now pay for importing the pipeline
         from hermetic.realize.pipeline import RealizeOptions, realize
         outcome = realize(root, args.recipe, reporter,
-                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox, args.jobs))
+                          RealizeOptions(args.variant, args.explain, remote, args.offline, args.sandbox, args.jobs,
+                                         dist=args.dist))
         reporter.debug("timings", "; ".join(f"{step} {s:.3f} s" for step, s in outcome.timings.items()),
                        timings=outcome.timings)
     else:

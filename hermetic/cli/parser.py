@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
+    p.add_argument("--dist", metavar="URL", default=None,
+                   help="compile on a sccache-dist build cluster (its scheduler's URL; the token in "
+                        "$HERMETIC_DIST_TOKEN); default $HERMETIC_DIST, else the recipe's [remote] dist; off: local")
 
     p = sub.add_parser("gc", parents=[_common("gc")], help="delete everything not reachable from a root")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")

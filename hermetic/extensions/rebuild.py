@@ -49,11 +49,24 @@ def rebuild_sample(root: Root, store: Store, n: int, *, seed: int | None = None)
     maps = _build_maps(root, store)
     objects = sorted(e for e in store.iter_entries() if "-obj-" in e and e in maps)
     rng = random.Random(seed)
-    sample = rng.sample(objects, min(n, len(objects)))
+    # objects a build server compiled first (extensions.dist: a server decides an object's bytes), then the rest
+    remote = [e for e in objects if _remote_built(store, e)]
+    sample = rng.sample(remote, min(n, len(remote)))
+    sent = set(remote)
+    rest = [e for e in objects if e not in sent]
+    sample += rng.sample(rest, min(n - len(sample), len(rest)))
     hasher = InputHasher(root)
     results = [_rebuild(root, store, hasher, name, maps[name]) for name in sorted(sample)]
     hasher.save()
     return results
+
+
+def _remote_built(store: Store, name: str) -> bool:
+    try:
+        built_by = store.object_record(name).get("built_by")
+    except (OSError, ValueError):
+        return False
+    return isinstance(built_by, dict) and bool(built_by.get("remote"))
 
 
 def _build_maps(root: Root, store: Store) -> dict[str, PrefixMap]:
@@ -108,4 +121,6 @@ def _rebuild(root: Root, store: Store, hasher: InputHasher, name: str, pmap: Pre
     if normalized(fresh) != normalized(stored):
         return Rebuilt(name, source, "mismatch",
                        f"recompiled object differs ({len(fresh)} vs {len(stored)} bytes after masking temp names)")
-    return Rebuilt(name, source, "same")
+    remote = rec.get("built_by", {}).get("remote")
+    return Rebuilt(name, source, "same", f"compiled by the build cluster {remote}; the same bytes here"
+                   if remote else "")

@@ -187,7 +187,7 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
                 place_reused(ctx, job)
                 jobs.append(job)
         ctx.hasher.save()
-        schedule = Graph(root, recipe, jobs, reporter, on_compiles, confirm).run()
+        schedule = Graph(root, recipe, jobs, reporter, on_compiles, confirm, ctx.dist).run()
         if confirm is not None:
             confirm()
         for job, built in zip(jobs, _finish(ctx, jobs), strict=True):

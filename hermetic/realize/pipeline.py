@@ -77,6 +77,7 @@ class RealizeOptions(NamedTuple):
     sandbox: str | None = None              # --sandbox, which wins over HERMETIC_SANDBOX and the recipe's
     jobs: int | None = None                 # -j/--jobs, which wins over HERMETIC_JOBS, MAX_JOBS and the recipe's
     config: Config | None = None            # the hermetic.toml files (default: the recipe's, hermetic.config.load)
+    dist: str | None = None                 # --dist: a build cluster (extensions.dist), else HERMETIC_DIST
 
 
 def realize(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Outcome:
@@ -104,7 +105,7 @@ def _attempt(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
             ctx: BuildContext | None = None
             built: RecipeBuild | None = None
             if host is not None:
-                ctx = build_context(root, job, fetched, host, reporter)                      # 4
+                ctx = build_context(root, job, fetched, host, reporter, options.dist)        # 4
                 host.confirm(wait=False)   # where the probe has answered already
                 clock.lap("toolchain")
                 from hermetic.extensions.variants import prepare_sources
@@ -246,7 +247,7 @@ def validate(root: Root, recipe_path: Path, reporter: Reporter, options: Realize
         reporter.warn(warning)
     jobs = config.resolve("jobs", options.jobs, limits.jobs if limits.jobs_set else None,
                           recipe.doc.where("limits", "jobs"))
-    recipe = replace(recipe, limits=replace(limits, jobs=jobs.value))
+    recipe = replace(recipe, limits=replace(limits, jobs=jobs.value, jobs_set=jobs.level != "default"))
     mode = config.resolve("sandbox", options.sandbox, limits.sandbox,
                           recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
     lock_folder = lock_dir(config.resolve("lock_dir").value)
@@ -291,16 +292,18 @@ def fetch(job: Validated, qualified: Qualified, reporter: Reporter, offline: boo
     return Fetched(env, tc, tally)
 
 
-def build_context(root: Root, job: Validated, fetched: Fetched, host: Qualifying, reporter: Reporter
-                  ) -> BuildContext:
+def build_context(root: Root, job: Validated, fetched: Fetched, host: Qualifying, reporter: Reporter,
+                  dist: str | None = None) -> BuildContext:
     """Step 4: the toolchain prepared, and with it what every later step of the build reads."""
     from hermetic.extensions.context import BuildContext
+    from hermetic.extensions.dist import resolve_dist
     from hermetic.extensions.objects import InputHasher
     from hermetic.extensions.toolchain import prepare_toolchain
     toolchain = prepare_toolchain(root, job.store, job.recipe, fetched.toolchain, host.facts, reporter)
     # each input stat'ed once while planning (extensions.graph makes the hasher live before the first compile)
+    cluster = resolve_dist(dist, os.environ, job.recipe.remote_dist, job.recipe.doc.where("remote", "dist"))
     return BuildContext(root, job.store, job.recipe, host.facts, toolchain, reporter, job.share,
-                        InputHasher(root, snapshot=True))
+                        InputHasher(root, snapshot=True), cluster)
 
 
 def import_check(ctx: BuildContext, name: str) -> ImportCheck:

@@ -41,6 +41,7 @@ class Producer(TypedDict):
     module: str
     host: str
     time: str
+    remote: NotRequired[str]   # the build cluster's scheduler where a build server compiled it (extensions.dist)
 
 
 class CompileCost(TypedDict):
