@@ -236,9 +236,11 @@ class Graph:
         def on_line(line: str) -> None:
             m = status.match(line)
             if m:
-                task.advance(1)
                 finished.add(int(m.group(1)))
-                self._finished(by_id[int(m.group(1))], phase, producers, second)
+                unit = by_id[int(m.group(1))]
+                self._finished(unit, phase, producers, second)
+                if not unit.failed:  # ninja prints a failed edge's status line too: never counted as done
+                    task.advance(1)
             elif line.startswith("FAILED:"):
                 for word in line.split()[1:]:
                     if word in by_object:

@@ -243,7 +243,8 @@ def _extract(archive: Path, src: Source, out: Path) -> None:
             from None
     if count == 0:
         raise BadInput(f"source archive has no files under {src.subdir or '/'}", where=src.where,
-                       hint="check subdir")
+                       hint="check subdir: it is relative to the sdist's top folder, which hermetic strips "
+                            "(for pkg-1.0/src/ write subdir = \"src\", not \"pkg-1.0/src\")")
 
 
 def _extract_members(archive: Path, src: Source, out: Path) -> int:
