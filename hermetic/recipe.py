@@ -77,7 +77,7 @@ class Extension:
     cflags: tuple[str, ...] = ()
     cuda_cflags: tuple[str, ...] = ()
     ldflags: tuple[str, ...] = ()
-    defines: tuple[tuple[str, str], ...] = ()
+    defines: tuple[tuple[str, str | None], ...] = ()   # None: -DNAME (``NAME = true``)
     kind: str | None = None        # "cuda": every unit gets CUDA's includes, the link cudart (CUDAExtension);
     #                                "cpp": no CUDA; None: CUDA where a unit is a .cu file
     python_module: bool = True     # False: a torch operator library (TORCH_LIBRARY, no PyInit_), loaded with
@@ -104,7 +104,7 @@ class Variant:
     name: str
     module: str | None = None      # rename the (single) extension's module
     patches: tuple[Path, ...] = ()
-    defines: tuple[tuple[str, str], ...] = ()
+    defines: tuple[tuple[str, str | None], ...] = ()   # None: -DNAME (``NAME = true``)
     cflags: tuple[str, ...] = ()
     cuda_cflags: tuple[str, ...] = ()
     default: bool = True           # realized without --variant
@@ -431,15 +431,22 @@ def _distinct_modules(doc: TomlDoc, exts: tuple[Extension, ...], variants: tuple
             seen[mod] = v.name
 
 
-def _defines(doc: TomlDoc, t: dict[str, Any], kp: KeyPath) -> tuple[tuple[str, str], ...]:
+def _defines(doc: TomlDoc, t: dict[str, Any], kp: KeyPath) -> tuple[tuple[str, str | None], ...]:
+    """``NAME = "VALUE"`` (-DNAME=VALUE), or ``NAME = true`` (-DNAME, as setuptools writes a None value)."""
     table = expect_type(doc, t.get("defines", {}), dict, (*kp, "defines"))
-    out = []
+    out: list[tuple[str, str | None]] = []
     for k, v in table.items():
         if not DEFINE_RE.match(k):
             raise BadInput(f"define {k!r} is not an identifier", where=doc.where(*kp, "defines", k),
                            hint="a C identifier")
+        if v is True:
+            out.append((k, None))
+            continue
+        if isinstance(v, bool):
+            raise BadInput(f"define {k} = false defines nothing", where=doc.where(*kp, "defines", k),
+                           hint="leave it out, or write true (-DNAME) or a string (-DNAME=VALUE)")
         out.append((k, str(expect_type(doc, v, str, (*kp, "defines", k)))))
-    return tuple(sorted(out))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
 def _has_cuda(e: Extension) -> bool:

@@ -225,3 +225,68 @@ def test_without_kind_cuda_a_cpp_unit_does_not_see_cuda_h(tmp_path: Path, shared
     closing = [rec for rec in r.records if str(rec.get("label", "")).startswith("compiling")
                and "seconds" in rec]
     assert [(rec["done"], rec["total"]) for rec in closing] == [(0, 1)]   # 1 of 1 before: a failure, counted
+
+
+OPTIONED_SETUP_PY = """\
+import os
+import urllib.request
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+scale = os.getenv("MINI_SCALE", "1")
+try:
+    urllib.request.urlopen("https://example.invalid/prebuilt.whl")   # as causal-conv1d tries a prebuilt wheel
+except Exception:
+    pass
+ext = CUDAExtension("minipkg._ops_cuda", ["csrc/ops.cpp"], include_dirs=["csrc"],
+                    define_macros=[("MINI_SCALE", scale)],
+                    extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3", "-gencode", "arch=compute_80,code=sm_80"]})
+setup(name="minipkg", version="0.1", packages=find_packages(), package_data={"minipkg": ["*.json"]},
+      ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)})
+"""
+
+
+def test_recipe_new_derives_a_recipe_that_builds_and_imports(tmp_path: Path, shared_root: Path) -> None:
+    """``recipe new`` runs the sdist's setup.py (in the sandbox, nothing compiled) and writes a recipe that
+    realizes and imports as written: options it read recorded and set with --env, arch flags dropped for
+    [toolchain] archs, the operator library found, the package and its data listed, each value's lines named."""
+    sdist, sha = make_sdist(tmp_path / "dist", {**FILES, "setup.py": OPTIONED_SETUP_PY})
+    before = sorted(p.name for p in sdist.parent.iterdir())
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "cuda-13.0-toolchain.txt").write_bytes((REPO / "manifests" / "cuda-13.0-toolchain.txt").read_bytes())
+    recipe = project / "recipe.toml"
+    r = cli.run(shared_root, "recipe", "new", sdist, "--env", "MINI_SCALE=10", "--lock", "cuda-13.0-toolchain.txt",
+                "-o", recipe, env=dict(os.environ))
+    assert r.rc == 0, r.err[-3000:]
+    text = recipe.read_text()
+    assert f'sha256 = "{sha}"' in text and f'url = "{sdist.as_uri()}"' in text
+    assert "#   MINI_SCALE = '10' (default '1')  setup.py:7" in text            # the option, its line
+    assert "# setup.py:9 tried the network, refused: urllib.request.urlopen(https://example.invalid/" in text
+    assert 'defines = { MINI_SCALE = "10" }   # setup.py:7,13' in text
+    assert "dropped for [toolchain] archs: -gencode arch=compute_80,code=sm_80" in text
+    assert 'kind = "cuda"' in text and "python_module = false" in text and "no .cu file" in text
+    assert 'packages = ["minipkg", "minipkg.util"]' in text and 'data = ["meta.json"]' in text
+    assert sorted(p.name for p in sdist.parent.iterdir()) == before        # nothing written beside the sdist
+    rec = load_recipe(recipe)
+    [ext] = rec.extensions
+    assert (ext.name, ext.kind, ext.python_module, ext.defines) == ("minipkg._ops_cuda", "cuda", False,
+                                                                     (("MINI_SCALE", "10"),))
+    assert "-O2" in ext.cflags and "-DNDEBUG" in ext.cflags and ext.cuda_cflags == ("-O3",)
+    done = cli.run(shared_root, "realize", recipe, env=dict(os.environ))
+    assert done.rc == 0, done.err[-3000:]
+    probe = "import torch, minipkg; print(minipkg.add_k(torch.ones(1), 2).tolist())"
+    p = cli.run(shared_root, "env", recipe, "--", "python", "-c", probe, env=dict(os.environ))
+    assert p.rc == 0 and p.out.split() == ["[21.0]"], p.err[-2000:]
+
+
+def test_recipe_new_says_why_a_setup_py_fails(tmp_path: Path, shared_root: Path) -> None:
+    sdist, _sha = make_sdist(tmp_path / "dist", {**FILES, "setup.py": "import os\nraise SystemExit("
+                                                 "'set MINI_FORCE' if not os.getenv('MINI_FORCE') else 1)\n"})
+    r = cli.run(shared_root, "recipe", "new", sdist, env=dict(os.environ))
+    assert r.rc == 2 and "setup.py" in r.err and "--env KEY=VALUE" in r.err, r.err[-2000:]
+    assert "Traceback (most recent call last)" not in r.err
+    no_setup, _ = make_sdist(tmp_path / "d2", {"minipkg/__init__.py": ""})
+    r = cli.run(shared_root, "recipe", "new", no_setup, env=dict(os.environ))
+    assert r.rc == 2 and "no setup.py at its top" in r.err

@@ -171,7 +171,7 @@ def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda: Cuda
                        hint="exclude them, or kind = \"cuda\"")
     # CUDAExtension's rule (kind = "cuda"): CUDA's includes for every unit, C++ ones too, and cudart linked
     with_cuda = ext.kind == "cuda" or (ext.kind is None and any(r.endswith(CUDA_SUFFIXES) for r in rels))
-    defines = [f"-D{k}={v}" for k, v in (*ext.defines, *variant.defines)]
+    defines = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (*ext.defines, *variant.defines)]
     extra_cflags = [*ext.cflags, *variant.cflags, *defines]
     extra_cuda_cflags = [*ext.cuda_cflags, *variant.cuda_cflags, *defines]
 
