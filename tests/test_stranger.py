@@ -290,3 +290,17 @@ def test_recipe_new_says_why_a_setup_py_fails(tmp_path: Path, shared_root: Path)
     no_setup, _ = make_sdist(tmp_path / "d2", {"minipkg/__init__.py": ""})
     r = cli.run(shared_root, "recipe", "new", no_setup, env=dict(os.environ))
     assert r.rc == 2 and "no setup.py at its top" in r.err
+
+
+@pytest.mark.parametrize(("argv", "jobs", "threads"), [
+    (["/t/bin/nvcc", "-O3", "--threads", "4", "-c", "x.cu"], 8, 4),     # flash-attn's, mamba's setup.py
+    (["/t/bin/nvcc", "--threads=2"], 8, 2),
+    (["/t/bin/nvcc", "-t", "3"], 8, 3),
+    (["/t/bin/nvcc", "-t4"], 2, 2),                                      # never more than the whole limit
+    (["/t/bin/nvcc", "--threads", "0"], 6, 6),                            # 0: one per CPU, the whole limit
+    (["/t/bin/nvcc", "-O3"], 8, 1),
+    (["c++", "--threads", "4"], 8, 1),                                    # not nvcc's option
+])
+def test_nvcc_threads_count_against_the_jobs_limit(argv: list[str], jobs: int, threads: int) -> None:
+    from hermetic.extensions.graph import nvcc_threads
+    assert nvcc_threads(argv, jobs) == threads
