@@ -304,3 +304,13 @@ def test_recipe_new_says_why_a_setup_py_fails(tmp_path: Path, shared_root: Path)
 def test_nvcc_threads_count_against_the_jobs_limit(argv: list[str], jobs: int, threads: int) -> None:
     from hermetic.extensions.graph import nvcc_threads
     assert nvcc_threads(argv, jobs) == threads
+
+
+def test_a_subdir_naming_the_sdists_top_folder_says_it_is_stripped(tmp_path: Path, shared_root: Path) -> None:
+    sdist, sha = make_sdist(tmp_path / "dist")
+    recipe = _project(tmp_path / "p", stranger_recipe(sdist, sha).replace(
+        f'sha256 = "{sha}"\n', f'sha256 = "{sha}"\nsubdir = "minipkg-0.1"\n', 1).replace(
+        'name = "minipkg"\n', 'name = "minipkg-subdir"\n', 1))
+    r = cli.run(shared_root, "realize", recipe, env=dict(os.environ))
+    assert r.rc == 2 and "no files under minipkg-0.1" in r.err, r.err[-2000:]
+    assert "top folder, which hermetic strips" in r.err
