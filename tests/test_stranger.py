@@ -314,3 +314,13 @@ def test_a_subdir_naming_the_sdists_top_folder_says_it_is_stripped(tmp_path: Pat
     r = cli.run(shared_root, "realize", recipe, env=dict(os.environ))
     assert r.rc == 2 and "no files under minipkg-0.1" in r.err, r.err[-2000:]
     assert "top folder, which hermetic strips" in r.err
+
+
+def test_recipe_new_refuses_a_setup_py_that_forges_the_record(tmp_path: Path, shared_root: Path) -> None:
+    """The capture's record is a line of its output: a setup.py printing one of its own is named, never a
+    traceback."""
+    forged = 'import atexit\natexit.register(print, "hermetic-capture-result: [1, 2]")\n' + OPTIONED_SETUP_PY
+    sdist, _sha = make_sdist(tmp_path / "dist", {**FILES, "setup.py": forged})
+    r = cli.run(shared_root, "recipe", "new", sdist, env=dict(os.environ))
+    assert r.rc == 2 and "Traceback" not in r.err, r.err[-2000:]
+    assert "gave 2 records" in r.err or "not JSON" in r.err

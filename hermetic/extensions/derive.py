@@ -11,6 +11,7 @@ package's Python packages, the sdist's sha256, and comments naming the setup.py 
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import os
 import re
@@ -628,20 +629,33 @@ def run_capture(python: str, tree: Path, env: dict[str, str], gpu: str, archs: s
     from hermetic.errors import BadInput
     from hermetic.procs import Limits, TimedOut, run_limited
     script = Path(__file__).with_name("capture.py")
-    lines: list[str] = []
+    lines: collections.deque[str] = collections.deque(maxlen=400)   # setup.py's output: its end is enough
+    found: list[str] = []
+
+    def on_line(line: str) -> None:
+        (found if line.startswith(RESULT) else lines).append(line)
+
     try:
         rc, _tail = run_limited([python, str(script), str(tree), "--gpu", gpu, "--archs", archs],
-                                cwd=str(tree), env=env, limits=Limits(), on_line=lines.append,
+                                cwd=str(tree), env=env, limits=Limits(), on_line=on_line,
                                 timeout=CAPTURE_TIMEOUT_S)
     except TimedOut:
         raise BadInput(f"setup.py ran past {CAPTURE_TIMEOUT_S:.0f} s", where=str(tree / "setup.py"),
                        hint="a setup.py that waits (for the network, for input) cannot be captured") from None
-    found = [ln[len(RESULT):] for ln in lines if ln.startswith(RESULT)]
-    output = "\n".join(ln for ln in lines if not ln.startswith(RESULT))
-    if not found:
-        raise BadInput(f"setup.py failed before it called setup() (exit {rc}):\n{output[-3000:]}",
-                       where="setup.py", hint="an option it needs: --env KEY=VALUE (its output above says which)")
-    return json.loads(found[-1]), output
+    output = "\n".join(lines)
+    if len(found) != 1:   # none: the capture never finished; more: setup.py printed one too
+        raise BadInput(f"the capture of setup.py gave {len(found)} records (exit {rc}):\n{output[-3000:]}",
+                       where=str(tree / "setup.py"), hint="an option it needs: --env KEY=VALUE (its output above "
+                                                         "says which); a setup.py printing hermetic's marker "
+                                                         "cannot be captured")
+    try:
+        record = json.loads(found[0][len(RESULT):])
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise BadInput("the capture's record is not JSON", where=str(tree / "setup.py"),
+                       hint="setup.py wrote into the capture's output; this package cannot be captured")
+    return record, output
 
 
 def derive(root: Any, request: NewRecipe, reporter: Any) -> str:
@@ -671,13 +685,23 @@ def derive(root: Any, request: NewRecipe, reporter: Any) -> str:
             raise BadInput(f"{src.name}'s setup.py made no extension", where=str(src),
                            hint="its options may choose none (the environment it read is listed with -v): "
                                 "--env KEY=VALUE")
-        rep = postprocess(raw, tree, {"path": str(src)}, str(cuda_home), request.env)
+        try:
+            rep = postprocess(raw, tree, {"path": str(src)}, str(cuda_home), request.env)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise BadInput(f"the capture's record of setup.py is not as the capture writes it ({type(e).__name__}: "
+                           f"{e})", where=str(src), hint="setup.py changed the capture's output or objects; "
+                                                         "write this recipe by hand") from None
     dist = (rep.get("package") or {}).get("name") or src.name
     name = request.name or re.sub(r"[^A-Za-z0-9._-]", "-", dist)[:64]
     url = request.url or (None if sha is None else src.resolve().as_uri())
     origin = Origin(re.sub(r"\W", "_", dist), url, None if sha is not None else str(src), sha, src.name)
     lock = request.lock or f"../manifests/cuda-{request.cuda}-toolchain.txt"
-    return write_recipe(rep, name, origin, request.cuda, lock)
+    try:
+        return write_recipe(rep, name, origin, request.cuda, lock)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise BadInput(f"the capture's record of setup.py is not as the capture writes it ({type(e).__name__}: "
+                       f"{e})", where=str(src), hint="setup.py changed the capture's output or objects; "
+                                                     "write this recipe by hand") from None
 
 
 def _unpack(src: Path, sha: str | None, tree: Path) -> None:
