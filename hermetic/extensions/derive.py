@@ -44,12 +44,13 @@ def notable_nvcc(flags: list[str]) -> list[str]:
     notes = []
     for i, f in enumerate(flags):
         if f in ("--threads", "-t") and i + 1 < len(flags):
-            notes.append(f"nvcc '{f} {flags[i + 1]}': {flags[i + 1]} threads per compile, to be counted against "
-                         "[limits] jobs")
+            notes.append(f"nvcc '{f} {flags[i + 1]}': {flags[i + 1]} threads per compile, counted against "
+                         "[limits] jobs (jobs // N compilers at once)")
         elif f.startswith(("--threads=", "-t=")):
-            notes.append(f"nvcc '{f}': threads per compile, to be counted against [limits] jobs")
+            notes.append(f"nvcc '{f}': threads per compile, counted against [limits] jobs")
         elif f in ("-lineinfo", "--generate-line-info"):
-            notes.append(f"nvcc '{f}': line info names source paths (hermetic's prefix map must cover it)")
+            notes.append(f"nvcc '{f}': line info keeps the root's path in the object (no prefix map reaches it): "
+                         "its objects are shared only within one root; --explain says so")
         elif f in ("-G", "--device-debug"):
             notes.append(f"nvcc '{f}': device debug info keeps this machine's paths")
         elif f.startswith("--ptxas-options=-v") or f == "-Xptxas=-v":
@@ -62,7 +63,7 @@ PY_MODULE = re.compile(r"\bPYBIND11_MODULE\s*\(|\bPyInit_\w+|\bPyModule_Create\b
 OPS = re.compile(r"\bTORCH_LIBRARY(_FRAGMENT|_IMPL)?\s*\(|\bRegisterOperators\s*\(\s*\)|\bSTABLE_TORCH_LIBRARY")
 
 
-def scan_unit(text: str) -> dict:
+def scan_unit(text: str) -> dict[str, Any]:
     stack: list[bool] = []  # True: inside a Windows-only branch
     found: dict[str, list[int]] = {"python_module": [], "operators": []}
     for n, line in enumerate(text.splitlines(), 1):
