@@ -324,3 +324,13 @@ def test_recipe_new_refuses_a_setup_py_that_forges_the_record(tmp_path: Path, sh
     r = cli.run(shared_root, "recipe", "new", sdist, env=dict(os.environ))
     assert r.rc == 2 and "Traceback" not in r.err, r.err[-2000:]
     assert "gave 2 records" in r.err or "not JSON" in r.err
+
+
+def test_recipe_new_runs_setup_py_only_in_the_sandbox(tmp_path: Path, shared_root: Path) -> None:
+    """Without a working sandbox (here: HERMETIC_BWRAP names no program) a stranger's setup.py is not run
+    unless --sandbox off says so; it runs confined otherwise (the tests above)."""
+    sdist, _sha = make_sdist(tmp_path / "dist", {**FILES, "setup.py": "raise SystemExit(1)\n"})
+    env = {**os.environ, "HERMETIC_BWRAP": str(tmp_path / "no-bwrap")}
+    env.pop("HERMETIC_SANDBOX", None)
+    r = cli.run(shared_root, "recipe", "new", sdist, env=env)
+    assert r.rc == 3 and "no sandbox for the package's setup.py" in r.err and "--sandbox off" in r.err, r.err

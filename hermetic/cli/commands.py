@@ -321,6 +321,11 @@ def cmd_recipe(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     root.ensure()
     mode, set_by = resolve_mode(args.sandbox)
     sandbox = choose(root, mode, set_by, lock_dir(None))
+    if not sandbox.used and sandbox.mode != "off":  # a stranger's setup.py runs only confined, unless told
+        from hermetic.errors import PreconditionFailed
+        raise PreconditionFailed(f"no sandbox for the package's setup.py: {sandbox.why_not}",
+                                 where="hermetic recipe new", hint="install bubblewrap (bwrap), or run it without "
+                                                                   "a sandbox, your decision: --sandbox off")
     with sandbox.confined():
         text = derive(root, request, reporter)
     if args.output is None:
