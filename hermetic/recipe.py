@@ -30,6 +30,11 @@ from hermetic.tomlutil import (
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# an extension's module: a plain name, or a module inside a package (``torch_scatter._scatter_cuda``)
+DOTTED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}$")
+KINDS = ("cuda", "cpp")   # as torch's CUDAExtension and CppExtension
+EXTENSION_KEYS = {"source", "sources", "exclude", "include_dirs", "cflags", "cuda_cflags", "ldflags", "defines",
+                  "kind", "python_module"}   # what an extension and a [shared.NAME] table may say
 DEFINE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ARCH_RE = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
 DEFAULT_ARCHS = ("9.0",)  # Hopper (H100/H200), the GPUs this project measures on; override per recipe
@@ -74,7 +79,26 @@ class Extension:
     cflags: tuple[str, ...] = ()
     cuda_cflags: tuple[str, ...] = ()
     ldflags: tuple[str, ...] = ()
-    defines: tuple[tuple[str, str], ...] = ()
+    defines: tuple[tuple[str, str | None], ...] = ()   # None: -DNAME (``NAME = true``)
+    kind: str | None = None        # "cuda": every unit gets CUDA's includes, the link cudart (CUDAExtension);
+    #                                "cpp": no CUDA; None: CUDA where a unit is a .cu file
+    python_module: bool = True     # False: a torch operator library (TORCH_LIBRARY, no PyInit_), loaded with
+    #                                torch.ops.load_library
+    shared: str | None = None      # the [shared.NAME] table it takes its defaults from
+
+
+@dataclass(frozen=True)
+class Package:
+    """The sdist's Python packages, installed beside the built modules (as pip lays a wheel out)."""
+    source: str                    # which [sources.NAME] tree
+    packages: tuple[str, ...]      # dotted names: each package's folder's .py files (and ``data``)
+    package_dir: str = ""          # the folder of the tree the packages are in
+    data: tuple[str, ...] = ()     # glob patterns inside each package folder: more files to install
+
+
+def module_file(module: str, suffix: str) -> str:
+    """Where a module's file lies in the environment: ``pkg._ext`` -> ``pkg/_ext`` + the suffix."""
+    return module.replace(".", "/") + suffix
 
 
 @dataclass(frozen=True)
@@ -82,7 +106,7 @@ class Variant:
     name: str
     module: str | None = None      # rename the (single) extension's module
     patches: tuple[Path, ...] = ()
-    defines: tuple[tuple[str, str], ...] = ()
+    defines: tuple[tuple[str, str | None], ...] = ()   # None: -DNAME (``NAME = true``)
     cflags: tuple[str, ...] = ()
     cuda_cflags: tuple[str, ...] = ()
     default: bool = True           # realized without --variant
@@ -104,6 +128,7 @@ class Recipe:
     remote_url: str | None = None  # [remote] url: a team's cache (hermetic.remote.settings), no credentials
     remote_mode: str | None = None
     remote_dist: str | None = None # [remote] dist: a build cluster's scheduler (extensions.dist), no token
+    package: Package | None = None
 
     @property
     def folder(self) -> Path:
@@ -125,7 +150,8 @@ class Recipe:
 def load_recipe(path: Path) -> Recipe:
     doc = load_toml(path)
     data = doc.data
-    check_keys(doc, data, {"recipe", "toolchain", "sources", "limits", "extensions", "variants", "remote"}, ())
+    check_keys(doc, data, {"recipe", "toolchain", "sources", "limits", "extensions", "variants", "remote",
+                           "shared", "package"}, ())
     if "recipe" not in data:
         raise BadInput("the recipe has no [recipe] table", where=str(path),
                        hint="start the file with [recipe] and name = \"...\"")
@@ -144,7 +170,8 @@ def load_recipe(path: Path) -> Recipe:
     sources = {k: _source(doc, path.parent, k, v) for k, v in
                expect_type(doc, data.get("sources", {}), dict, ("sources",)).items()}
     limits = _limits(doc, data.get("limits", {}))
-    exts = tuple(_extension(doc, i, e, sources) for i, e in
+    shared = _shared(doc, data.get("shared", {}))
+    exts = tuple(_extension(doc, i, e, sources, shared) for i, e in
                  enumerate(expect_type(doc, data.get("extensions", []), list, ("extensions",))))
     if exts and toolchain is None and any(_has_cuda(e) for e in exts):
         raise BadInput("the recipe builds CUDA sources but has no [toolchain]", where=doc.where("extensions"),
@@ -156,8 +183,52 @@ def load_recipe(path: Path) -> Recipe:
         raise BadInput("the recipe names no lock and builds nothing", where=doc.where("recipe"),
                        hint='add locks = ["../manifests/NAME.txt"] under [recipe], or [[extensions]]')
     remote_url, remote_mode, remote_dist = _remote(doc, data.get("remote", {}))
+    package = _package(doc, data["package"], sources, exts) if "package" in data else None
     return Recipe(path.resolve(), name, locks, toolchain, doc, python, toolchain_lock, sources, limits, exts,
-                  variants or (Variant("default"),), remote_url, remote_mode, remote_dist)
+                  variants or (Variant("default"),), remote_url, remote_mode, remote_dist, package)
+
+
+def _shared(doc: TomlDoc, raw: object) -> dict[str, dict[str, Any]]:
+    """[shared.NAME]: settings several extensions take (``shared = "NAME"``); an extension's own key replaces
+    the shared one."""
+    out = {}
+    for name, table in expect_type(doc, raw, dict, ("shared",)).items():
+        t = expect_type(doc, table, dict, ("shared", name))
+        check_keys(doc, t, EXTENSION_KEYS, ("shared", name))
+        out[name] = t
+    return out
+
+
+def _package(doc: TomlDoc, raw: object, sources: dict[str, Source], exts: tuple[Extension, ...]) -> Package:
+    kp: KeyPath = ("package",)
+    t = expect_type(doc, raw, dict, kp)
+    check_keys(doc, t, {"source", "packages", "package_dir", "data"}, kp)
+    source = expect_type(doc, t.get("source"), str, (*kp, "source"))
+    if source not in sources:
+        raise BadInput(f"package names source {source!r}, which is not defined", where=doc.where(*kp, "source"),
+                       hint=f"use one of {', '.join(sorted(sources)) or '(none)'}")
+    packages = tuple(strings(doc, t, "packages", kp))
+    if not packages:
+        raise BadInput("package.packages names no package", where=doc.where(*kp),
+                       hint='packages = ["NAME", "NAME.sub"]: the dotted names setup.py\'s packages lists')
+    for i, p in enumerate(packages):
+        if not DOTTED_RE.match(p):
+            raise BadInput(f"package {p!r} is not a dotted Python name", where=doc.where(*kp, "packages", i),
+                           hint="for example torch_scatter or torch_scatter.composite")
+    package_dir = (get_key(doc, t, "package_dir", str, kp) or "").strip("/")
+    data = tuple(strings(doc, t, "data", kp))
+    for key, values in (("package_dir", [package_dir]), ("data", list(data))):
+        for j, v in enumerate(values):
+            if v.startswith("/") or ".." in v.split("/"):
+                raise BadInput(f"{key} {v!r} leaves the source tree",
+                               where=doc.where(*kp, key, *([j] if key == "data" else [])),
+                               hint="relative to the source tree (data: to each package's folder)")
+    owned = {e.name.rsplit(".", 1)[0] for e in exts if "." in e.name}
+    missing = sorted(owned - set(packages))
+    if missing:
+        raise BadInput(f"extensions live in package {missing[0]}, which package.packages does not list",
+                       where=doc.where(*kp, "packages"), hint=f"add {missing[0]!r} to packages")
+    return Package(source, packages, package_dir, data)
 
 
 def _remote(doc: TomlDoc, raw: object) -> tuple[str | None, str | None, str | None]:
@@ -288,30 +359,55 @@ def _ranges(cpus: list[int]) -> str:
     return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
-def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source]) -> Extension:
+def _extension(doc: TomlDoc, i: int, raw: object, sources: dict[str, Source],
+               shared: dict[str, dict[str, Any]]) -> Extension:
     kp: KeyPath = ("extensions", i)
-    t = expect_type(doc, raw, dict, kp)
-    check_keys(doc, t, {"name", "source", "sources", "exclude", "include_dirs", "cflags", "cuda_cflags",
-                        "ldflags", "defines"}, kp)
-    name = expect_type(doc, t.get("name"), str, (*kp, "name"))
-    if not MODULE_RE.match(name):
+    own = expect_type(doc, raw, dict, kp)
+    check_keys(doc, own, {"name", "shared", *EXTENSION_KEYS}, kp)
+    name = expect_type(doc, own.get("name"), str, (*kp, "name"))
+    if not DOTTED_RE.match(name):
         raise BadInput(f"extension name {name!r} is not a Python module name", where=doc.where(*kp, "name"),
-                       hint="letters, digits and _; it becomes TORCH_EXTENSION_NAME")
-    source = expect_type(doc, t.get("source"), str, (*kp, "source"))
+                       hint="letters, digits and _, or a module inside a package (pkg._ext); its last part "
+                            "becomes TORCH_EXTENSION_NAME")
+    group = get_key(doc, own, "shared", str, kp)
+    base: dict[str, Any] = {}
+    if group is not None:
+        if group not in shared:
+            raise BadInput(f"extension {name} takes shared settings {group!r}, which are not defined",
+                           where=doc.where(*kp, "shared"), hint=f"define [shared.{group}] or use one of "
+                                                                f"{', '.join(sorted(shared)) or '(none)'}")
+        base = shared[group]
+    t = {**base, **own}
+
+    def at(key: str) -> KeyPath:  # where a key was written: the extension, else its shared table
+        return kp if key in own or group is None else ("shared", group)
+
+    def listed(key: str) -> tuple[str, ...]:
+        return tuple(strings(doc, t, key, at(key)))
+
+    source = expect_type(doc, t.get("source"), str, (*at("source"), "source"))
     if source not in sources:
         raise BadInput(f"extension {name} names source {source!r}, which is not defined",
-                       where=doc.where(*kp, "source"), hint=f"define [sources.{source}] or use one of "
-                                                            f"{', '.join(sorted(sources)) or '(none)'}")
-    globs = tuple(strings(doc, t, "sources", kp)) or ("**/*.cpp", "**/*.cu")
+                       where=doc.where(*at("source"), "source"), hint=f"define [sources.{source}] or use one of "
+                                                                      f"{', '.join(sorted(sources)) or '(none)'}")
+    globs = listed("sources") or ("**/*.cpp", "**/*.cu")
     for key in ("sources", "exclude", "include_dirs"):
-        for j, g in enumerate(strings(doc, t, key, kp)):
+        for j, g in enumerate(listed(key)):
             if g.startswith("/") or ".." in g.split("/"):
-                raise BadInput(f"{key} entry {g!r} leaves the source tree", where=doc.where(*kp, key, j),
+                raise BadInput(f"{key} entry {g!r} leaves the source tree", where=doc.where(*at(key), key, j),
                                hint="patterns and folders are relative to the source tree")
-    return Extension(name, source, globs, tuple(strings(doc, t, "exclude", kp)),
-                     tuple(strings(doc, t, "include_dirs", kp)), tuple(strings(doc, t, "cflags", kp)),
-                     tuple(strings(doc, t, "cuda_cflags", kp)), tuple(strings(doc, t, "ldflags", kp)),
-                     _defines(doc, t, kp))
+    kind = get_key(doc, t, "kind", str, at("kind"))
+    if kind is not None and kind not in KINDS:
+        raise BadInput(f"extension kind {kind!r} is not one of {', '.join(KINDS)}",
+                       where=doc.where(*at("kind"), "kind"),
+                       hint="cuda: as CUDAExtension (CUDA's includes for every unit, cudart linked); cpp: no CUDA")
+    if kind == "cpp" and any(g.endswith(".cu") for g in globs):
+        raise BadInput(f"extension {name} is of kind cpp but names CUDA sources", where=doc.where(*at("kind"), "kind"),
+                       hint='kind = "cuda", or leave .cu files out of sources')
+    python_module = get_key(doc, t, "python_module", bool, at("python_module"))
+    return Extension(name, source, globs, listed("exclude"), listed("include_dirs"), listed("cflags"),
+                     listed("cuda_cflags"), listed("ldflags"), _defines(doc, t, at("defines")), kind,
+                     True if python_module is None else python_module, group)
 
 
 def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Extension, ...]) -> Variant:
@@ -326,9 +422,9 @@ def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Ext
         if len(exts) != 1:
             raise BadInput("variants.module renames the recipe's one extension; this recipe has "
                            f"{len(exts)}", where=doc.where(*kp, "module"), hint="remove module")
-        if not MODULE_RE.match(module):
+        if not DOTTED_RE.match(module):
             raise BadInput(f"module {module!r} is not a Python module name", where=doc.where(*kp, "module"),
-                           hint="letters, digits and _")
+                           hint="letters, digits and _, or pkg._ext")
     patches = tuple(repo_file(doc, folder, p, (*kp, "patches", i))
                     for i, p in enumerate(strings(doc, t, "patches", kp)))
     default = get_key(doc, t, "default", bool, kp)
@@ -349,16 +445,23 @@ def _distinct_modules(doc: TomlDoc, exts: tuple[Extension, ...], variants: tuple
             seen[mod] = v.name
 
 
-def _defines(doc: TomlDoc, t: dict[str, Any], kp: KeyPath) -> tuple[tuple[str, str], ...]:
+def _defines(doc: TomlDoc, t: dict[str, Any], kp: KeyPath) -> tuple[tuple[str, str | None], ...]:
+    """``NAME = "VALUE"`` (-DNAME=VALUE), or ``NAME = true`` (-DNAME, as setuptools writes a None value)."""
     table = expect_type(doc, t.get("defines", {}), dict, (*kp, "defines"))
-    out = []
+    out: list[tuple[str, str | None]] = []
     for k, v in table.items():
         if not DEFINE_RE.match(k):
             raise BadInput(f"define {k!r} is not an identifier", where=doc.where(*kp, "defines", k),
                            hint="a C identifier")
+        if v is True:
+            out.append((k, None))
+            continue
+        if isinstance(v, bool):
+            raise BadInput(f"define {k} = false defines nothing", where=doc.where(*kp, "defines", k),
+                           hint="leave it out, or write true (-DNAME) or a string (-DNAME=VALUE)")
         out.append((k, str(expect_type(doc, v, str, (*kp, "defines", k)))))
-    return tuple(sorted(out))
+    return tuple(sorted(out, key=lambda kv: kv[0]))
 
 
 def _has_cuda(e: Extension) -> bool:
-    return any(g.endswith((".cu", "*")) for g in e.sources)
+    return e.kind == "cuda" or (e.kind is None and any(g.endswith((".cu", "*")) for g in e.sources))

@@ -438,6 +438,38 @@ def _is_runner(path: Path) -> bool:
     return isinstance(load_toml(path).data.get("runner"), dict)
 
 
+def cmd_recipe(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
+    """``recipe new SDIST_OR_FOLDER``: a recipe derived from the package's setup.py (extensions/derive.py),
+    which runs inside the sandbox, in a scratch folder under the root."""
+    from hermetic.config import load
+    from hermetic.extensions.derive import NewRecipe, derive, parse_env
+    from hermetic.root import lock_dir
+    from hermetic.sandbox import choose
+    if args.output is not None and os.path.lexists(args.output):
+        raise BadInput(f"{args.output} exists", where="hermetic recipe new", hint="name a new file, or remove it")
+    request = NewRecipe(args.source, parse_env(args.env), args.name, args.url, args.cuda, args.python, args.gpu,
+                        args.lock)
+    root.ensure()
+    config = load(args.source.resolve().parent)
+    mode = config.resolve("sandbox", args.sandbox)
+    sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value))
+    if not sandbox.used and sandbox.mode != "off":  # a stranger's setup.py runs only confined, unless told
+        from hermetic.errors import PreconditionFailed
+        raise PreconditionFailed(f"no sandbox for the package's setup.py: {sandbox.why_not}",
+                                 where="hermetic recipe new", hint="install bubblewrap (bwrap), or run it without "
+                                                                   "a sandbox, your decision: --sandbox off")
+    with sandbox.confined():
+        text = derive(root, request, reporter)
+    if args.output is None:
+        sys.stdout.write(text + "\n")
+    else:
+        from hermetic import fs
+        fs.atomic_write(args.output, (text + "\n").encode())
+        reporter.event("recipe", f"wrote {args.output}")
+    reporter.result("recipe", True, 0, output=str(args.output) if args.output else None)
+    return 0
+
+
 def cmd_completion(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     """The shell completion script, generated from the parser by shtab (imported by this command alone); it
     reads and writes nothing of the root."""
@@ -453,4 +485,5 @@ COMMANDS: dict[str, Callable[[Root, argparse.Namespace, Reporter], int]] = {
     "realize": cmd_realize, "gc": cmd_gc, "verify": cmd_verify, "show": cmd_show, "env": cmd_env,
     "export": cmd_export, "import": cmd_import, "run": cmd_run, "completion": cmd_completion, "key": cmd_key,
     "config": cmd_config,
+    "recipe": cmd_recipe,
 }

@@ -209,6 +209,24 @@ def build_parser() -> argparse.ArgumentParser:
     _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
+    p = sub.add_parser("recipe", parents=[_common("recipe")], help="write recipes")
+    recipes = p.add_subparsers(dest="recipe_command", metavar="ACTION", required=True)
+    r = recipes.add_parser("new", parents=[_common("recipe")],
+                           help="derive a recipe from a package's setup.py (run in the sandbox; nothing compiles)")
+    _completes(r.add_argument("source", type=Path, metavar="SDIST_OR_FOLDER",
+                              help="the package's sdist (.tar.gz, .zip) or a folder holding its setup.py"), FILE)
+    r.add_argument("-o", "--output", type=Path, metavar="RECIPE",
+                   help="write the recipe here (default: print it); an existing file is not replaced")
+    r.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option for setup.py (repeatable); setup.py sees no other variable of yours")
+    r.add_argument("--name", help="the recipe's name (default: the distribution's)")
+    r.add_argument("--url", help="where the recipe fetches the sdist (default: the file's file: URL)")
+    r.add_argument("--cuda", default="13.0", help="the root's toolchain profile cuda-VERSION that is CUDA_HOME")
+    r.add_argument("--python", help="the interpreter setup.py runs in (default: hermetic's own)")
+    r.add_argument("--gpu", choices=("pretend", "none"), default="pretend",
+                   help="pretend (default): setup.py's torch.cuda.is_available() answers True, as on a GPU builder")
+    r.add_argument("--lock", help="the recipe's [toolchain] lock (default: ../manifests/cuda-VERSION-toolchain.txt)")
+    _sandbox_option(r)
 
     p = sub.add_parser("completion", parents=[_common("completion")],
                        help="print the shell completion script (bash or zsh)")

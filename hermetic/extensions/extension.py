@@ -23,7 +23,7 @@ from hermetic.extensions.objects import INPUT_CHANGED, NO_MATCH, Decision, Objec
 from hermetic.extensions.plan import Compile, ModuleSite, plan_extension
 from hermetic.keys import PrefixMap
 from hermetic.procs import Limits, run_limited
-from hermetic.recipe import Extension, Variant
+from hermetic.recipe import Extension, Variant, module_file
 from hermetic.reporter import plural
 from hermetic.store import STORE_FORMAT, Store, blob_ref, entry_name, entry_ref
 from hermetic.store.records import ObjectRecord
@@ -189,7 +189,7 @@ def _link_and_certify(ctx: BuildContext, job: ModuleJob) -> BuiltModule:
     step = plan_link(ctx, job, digests)
     assert step.key is not None and step.entry is not None
     name = step.entry
-    filename = plan.module + ctx.host.ext_suffix
+    filename = module_file(plan.module, ctx.host.ext_suffix)
     linked = False
     ctx.reporter.event("phase", phase="linking")
     _drop_if_corrupt(store, name)  # a module, like an object, is re-hashed at every use
@@ -217,7 +217,8 @@ def _link_and_certify(ctx: BuildContext, job: ModuleJob) -> BuiltModule:
     store.pin_blob(cert_blob)
     if share is not None and module_from != "fetched-remote":
         share.upload_module(step.key, filename, rec["so"], cert_blob)
-    return BuiltModule(plan.module, filename, name, rec["so"], fs.sha256_bytes(raw), cert_blob, job.choices, linked)
+    return BuiltModule(plan.module, filename, name, rec["so"], fs.sha256_bytes(raw), cert_blob, job.choices, linked,
+                       job.ext.python_module)
 
 
 def _drop_if_corrupt(store: Store, name: str) -> None:

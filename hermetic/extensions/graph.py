@@ -85,6 +85,26 @@ class Unit:
         return self.leader is not None and self.prediction is not None and self.prediction.wait
 
 
+def nvcc_threads(argv: Sequence[str], jobs: int) -> int:
+    """How many threads a compile runs: nvcc's ``--threads N`` (``-t N``, ``--threads=N``; 0: one per CPU,
+    counted as the whole jobs limit), else 1. The build runs ``jobs // N`` compilers at once, so that N threads
+    each never exceed the limit."""
+    if not argv or not os.path.basename(argv[0]).startswith("nvcc"):
+        return 1
+    found = 1
+    for i, a in enumerate(argv):
+        value = None
+        if a in ("--threads", "-t") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--threads="):
+            value = a.partition("=")[2]
+        elif a.startswith("-t") and a[2:].isdigit():
+            value = a[2:]
+        if value is not None and value.isdigit():
+            found = jobs if int(value) == 0 else int(value)
+    return max(1, min(found, jobs))
+
+
 def memory_pool(peaks: Sequence[int | None], jobs: int, available: int | None) -> tuple[int | None, int]:
     """(depth of the pool for heavy compiles, or None when none is needed; the peak that makes a compile
     heavy). Heavy: its recorded peak times ``jobs`` would exceed ``available``; at most ``available`` divided
@@ -236,6 +256,8 @@ class Graph:
         depth, threshold = memory_pool([u.rss for u in units], self.recipe.limits.jobs,
                                        int(available * MEMORY_SHARE) if available else None)
         ninja_file = _write_ninja(folder, units, depth, threshold, self.session)
+        threads = max((nvcc_threads(u.compile.argv, self.n_jobs) for u in units), default=1)
+        parallel = max(1, self.n_jobs // threads)   # an nvcc --threads N counts N of the jobs
         if phase == 1:
             self.report["memory_pool"] = {"depth": depth, "heavy_over_bytes": threshold,
                                           "available_bytes": available} if depth else None
@@ -250,9 +272,11 @@ class Graph:
         def on_line(line: str) -> None:
             m = status.match(line)
             if m:
-                task.advance(1)
                 finished.add(int(m.group(1)))
-                self._finished(by_id[int(m.group(1))], phase, producers, second)
+                unit = by_id[int(m.group(1))]
+                self._finished(unit, phase, producers, second)
+                if not unit.failed:  # ninja prints a failed edge's status line too: never counted as done
+                    task.advance(1)
             elif line.startswith("FAILED:"):
                 for word in line.split()[1:]:
                     if word in by_object:
@@ -260,7 +284,7 @@ class Graph:
 
         limits = Limits(self.recipe.limits.cpus, self.recipe.limits.nice, self.recipe.limits.address_space)
         env = {**self.jobs[0].env, "NINJA_STATUS": "[%f/%t] "}
-        argv = [_ninja(), "-k", "0", "-j", str(self.n_jobs), "-f", str(ninja_file)]
+        argv = [_ninja(), "-k", "0", "-j", str(parallel), "-f", str(ninja_file)]
         if self.session is not None:
             env.update(self.session.env())
             argv = self.session.wrap(argv)
@@ -275,7 +299,8 @@ class Graph:
             self._local_after("sccache's client daemon did not start: " + " ".join(tail[-2:]))
             self.report["phases"].append({"phase": phase, "compiles": 0, "span_s": round(time.monotonic() - began, 4)})
             return self._phase(phase, units, producers, second)
-        self.report["phases"].append({"phase": phase, "compiles": len(units),
+        self.report["phases"].append({"phase": phase, "compiles": len(units), "parallel": parallel,
+                                      "nvcc_threads": threads,
                                       "span_s": round(time.monotonic() - began, 4)})
         if rc != 0:
             failed = [u for u in units if u.failed] or [u for u in units if u.cost is None]

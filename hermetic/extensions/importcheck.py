@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hermetic import procs
+from hermetic import fs, procs
 from hermetic.errors import WorkFailed
 from hermetic.root import Root
 
@@ -50,9 +50,14 @@ if folder not in sys.path:  # where PYTHONPATH puts it: after the script's own e
 for path in [p for p, finder in sys.path_importer_cache.items() if finder is None]:
     del sys.path_importer_cache[path]  # a folder that did not exist yet when this interpreter started
 importlib.invalidate_caches()
-for m in mods:
+operators = {}
+for lib in [m[1:] for m in mods if m.startswith("@")]:  # a torch operator library: loaded as torch loads one
+    before = set(torch._C._dispatch_get_all_op_names())
+    torch.ops.load_library(os.path.join(folder, lib))
+    operators[lib] = sorted(set(torch._C._dispatch_get_all_op_names()) - before)
+for m in [m for m in mods if not m.startswith("@")]:
     importlib.import_module(m)
-res = {"modules": mods, "cuda_initialized": bool(torch.cuda.is_initialized()),
+res = {"modules": mods, "operators": operators, "cuda_initialized": bool(torch.cuda.is_initialized()),
        "torch_import_s": round(torch_s, 3), "modules_import_s": round(time.monotonic() - waited, 3)}
 maps = open("/proc/self/maps").read().splitlines()
 libs = sorted({l.split()[-1] for l in maps if l.split()[-1].startswith("/")})
@@ -103,11 +108,18 @@ class ImportCheck:
                                             cwd=str(self.root.tmp), name="import-check", heal_bytecode=False)
         self._probe.start()
 
-    def run(self, modules: list[str], tree: str, folder: Path) -> dict[str, Any]:
+    def run(self, modules: list[str], tree: str, folder: Path, libraries: tuple[str, ...] = ()) -> dict[str, Any]:
         """The check of ``modules`` in the tree entry ``tree``, imported from ``folder`` (its ``out/``, pinned
-        by this process): once per tree (cached by its content-addressed name), so a no-op imports nothing."""
+        by this process): once per tree (cached by its content-addressed name), so a no-op imports nothing.
+        ``libraries``: torch operator libraries (their files in the tree), loaded first with
+        ``torch.ops.load_library``; the operators each registered are recorded, and one that registers none
+        fails the check."""
+        modules = [*(f"@{lib}" for lib in libraries), *modules]
         cache = self.root.cache("imports")
-        cached = cache.get(tree)
+        # the tree, and what is asked of it: the same files checked as a Python module or as an operator
+        # library are two checks
+        key = tree if not libraries else f"{tree}-{fs.sha256_bytes(' '.join(modules).encode())[:16]}"
+        cached = cache.get(key)
         if isinstance(cached, dict):
             self.cancel()
             return cached
@@ -117,10 +129,18 @@ class ImportCheck:
             self.bytecode_cleared = True
             found, output = self._ask(modules, folder)
         if found is None:
-            raise WorkFailed(f"importing {', '.join(modules)} together failed:\n{output[-3000:]}",
-                             where=str(self.profile), hint="a module that builds but does not import: see the error")
+            hint = "a module that builds but does not import: see the error"
+            if "does not define module export function" in output:
+                hint = ("a torch operator library (TORCH_LIBRARY, no PyInit_) is not a Python module: say "
+                        "python_module = false for its extension")
+            raise WorkFailed(f"importing {', '.join(m.lstrip('@') for m in modules)} together failed:\n"
+                             f"{output[-3000:]}",
+                             where=str(self.profile), hint=hint)
         result: dict[str, Any] = {**found, "started_early": self.started_early}
         problems = []
+        for lib, ops in result.get("operators", {}).items():
+            if not ops:
+                problems.append(f"the operator library {lib} registered no operator")
         if result["cuda_initialized"]:
             problems.append("torch reports a CUDA context after the import")
         if result["nvml"].get("our_process_listed"):
@@ -130,7 +150,7 @@ class ImportCheck:
         if problems:
             raise WorkFailed("the import check failed: " + "; ".join(problems), where=str(self.profile),
                              hint="importing an extension must not touch CUDA or a system CUDA")
-        cache.put(tree, result)
+        cache.put(key, result)
         return result
 
     def _ask(self, modules: list[str], folder: Path) -> tuple[dict[str, Any] | None, str]:

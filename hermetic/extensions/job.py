@@ -62,6 +62,7 @@ class BuiltModule:
     certificate_blob: str          # blob holding the zstd-compressed certificate
     choices: list[ObjectChoice] = field(default_factory=list)
     linked: bool = False
+    python_module: bool = True     # False: a torch operator library, loaded with torch.ops.load_library
 
     def counts(self) -> dict[str, int]:
         """The receipt's per-module tally: its objects, and how many ended in each decision."""

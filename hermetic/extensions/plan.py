@@ -68,13 +68,13 @@ class BuildPlan:
 
 def select_sources(files: list[str], patterns: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
     """Source files of the tree matching the globs (``**`` spans folders) minus the excludes, sorted."""
-    inc = [_glob_re(p) for p in patterns]
-    exc = [_glob_re(p) for p in exclude]
+    inc = [glob_re(p) for p in patterns]
+    exc = [glob_re(p) for p in exclude]
     return sorted(f for f in files if f.endswith(SOURCE_SUFFIXES)
                   and any(r.fullmatch(f) for r in inc) and not any(r.fullmatch(f) for r in exc))
 
 
-def _glob_re(pattern: str) -> re.Pattern[str]:
+def glob_re(pattern: str) -> re.Pattern[str]:
     out = ""
     i = 0
     while i < len(pattern):
@@ -164,8 +164,14 @@ def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda: Cuda
     if not rels:
         from hermetic.errors import BadInput
         raise BadInput(f"extension {ext.name} matches no source file", hint=f"check sources = {list(ext.sources)}")
-    with_cuda = any(r.endswith(CUDA_SUFFIXES) for r in rels)
-    defines = [f"-D{k}={v}" for k, v in (*ext.defines, *variant.defines)]
+    if ext.kind == "cpp" and any(r.endswith(CUDA_SUFFIXES) for r in rels):
+        from hermetic.errors import BadInput
+        raise BadInput(f"extension {ext.name} is of kind cpp but its sources match CUDA files "
+                       f"({next(r for r in rels if r.endswith(CUDA_SUFFIXES))})",
+                       hint="exclude them, or kind = \"cuda\"")
+    # CUDAExtension's rule (kind = "cuda"): CUDA's includes for every unit, C++ ones too, and cudart linked
+    with_cuda = ext.kind == "cuda" or (ext.kind is None and any(r.endswith(CUDA_SUFFIXES) for r in rels))
+    defines = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (*ext.defines, *variant.defines)]
     extra_cflags = [*ext.cflags, *variant.cflags, *defines]
     extra_cuda_cflags = [*ext.cuda_cflags, *variant.cuda_cflags, *defines]
 
@@ -180,7 +186,7 @@ def plan_extension(ext: Extension, variant: Variant, host: HostFacts, cuda: Cuda
             system_includes.append(torch.nvidia_include)
     system_includes.append(host.python_include)
 
-    common = [f"-DTORCH_EXTENSION_NAME={module}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+    common = [f"-DTORCH_EXTENSION_NAME={module.rsplit('.', 1)[-1]}", "-DTORCH_API_INCLUDE_EXTENSION_H",
               *torch.common_extra, *(f"-I{i}" for i in user_includes)]
     for inc in system_includes:
         common += ["-isystem", inc]

@@ -126,12 +126,12 @@ def realize_source(root: Root, store: Store, src: Source, patches: tuple[Path, .
             return _load(store, name)
         staging.out.mkdir()
         if src.path is not None:
-            _copy_folder(src.path, staging.out)
+            copy_folder(src.path, staging.out)
         else:
             fresh = not store.has_blob(src.sha256 or "")
             archive = _fetch_archive(store, src, reporter, None if offline else share, offline=offline)
             try:
-                _extract(archive, src, staging.out)
+                extract(archive, src, staging.out)
             except BadInput:
                 if fresh:  # a hostile archive fetched just now does not stay in the store
                     store.drop_blob(archive.name)
@@ -192,7 +192,7 @@ def _only_regular(p: Path) -> None:
                        hint="sources must be regular files and folders: move it out of the source folder")
 
 
-def _copy_folder(folder: Path, out: Path) -> None:
+def copy_folder(folder: Path, out: Path) -> None:
     for dirpath, _dirnames, files in os.walk(folder):
         rel = Path(dirpath).relative_to(folder)
         (out / rel).mkdir(parents=True, exist_ok=True)
@@ -206,9 +206,9 @@ def prepare_outside(store: Store, src: Source, patches: tuple[Path, ...], out: P
     (it would be fetched first): then nothing is made."""
     out.mkdir(parents=True, exist_ok=True)
     if src.path is not None:
-        _copy_folder(src.path, out)
+        copy_folder(src.path, out)
     elif src.sha256 is not None and store.has_blob(src.sha256):
-        _extract(store.blob_path(src.sha256), src, out)
+        extract(store.blob_path(src.sha256), src, out)
     else:
         return False
     for patch in patches:
@@ -249,7 +249,7 @@ def archive_wheel(src: Source) -> LockedWheel:
     return LockedWheel(src.name, None, (src.sha256,), basename(url), None if local else url, local, None, src.where)
 
 
-def _extract(archive: Path, src: Source, out: Path) -> None:
+def extract(archive: Path, src: Source, out: Path) -> None:
     """The archive's ``subdir`` into ``out``: regular files only, every path checked, size bounded."""
     try:
         count = _extract_members(archive, src, out)
@@ -259,7 +259,8 @@ def _extract(archive: Path, src: Source, out: Path) -> None:
             from None
     if count == 0:
         raise BadInput(f"source archive has no files under {src.subdir or '/'}", where=src.where,
-                       hint="check subdir")
+                       hint="check subdir: it is relative to the sdist's top folder, which hermetic strips "
+                            "(for pkg-1.0/src/ write subdir = \"src\", not \"pkg-1.0/src\")")
 
 
 def _extract_members(archive: Path, src: Source, out: Path) -> int:

@@ -27,11 +27,12 @@ from hermetic.extensions.extension import (
 from hermetic.extensions.graph import Graph, group_and_predict, plan_units
 from hermetic.extensions.job import BuiltModule, ModuleJob
 from hermetic.extensions.objects import Decision, ObjectChoice
-from hermetic.extensions.plan import select_sources
+from hermetic.extensions.plan import glob_re, select_sources
 from hermetic.extensions.sources import SourceTree, link_variant_source, plan_sources, realize_source
-from hermetic.recipe import Recipe, Variant
+from hermetic.recipe import Package, Recipe, Variant
 from hermetic.reporter import Reporter, plural
 from hermetic.store import blob_ref, entry_ref
+from hermetic.store.records import FileMap
 
 
 @dataclass
@@ -41,6 +42,8 @@ class RecipeBuild:
     report: dict[str, Any]
     changed: bool = False
     explained: list[str] = field(default_factory=list)
+    package_files: FileMap = field(default_factory=dict)   # [package]: the sdist's files, placed as pip would
+    package_imports: list[str] = field(default_factory=list)   # its top-level packages, imported by the check
 
     @property
     def decisions(self) -> dict[str, int]:
@@ -220,7 +223,38 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
         "schedule": schedule,
     }
     changed = tc.built or any(m.linked or m.counts().get("compiled", 0) for m in modules)
-    return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained])
+    package: FileMap = {}
+    if recipe.package is not None:
+        package = package_files(recipe.package, sources[variants[0].name][recipe.package.source].files,
+                                {m.filename for m in modules})
+        report["package"] = {"source": recipe.package.source, "packages": list(recipe.package.packages),
+                             "files": {p: d for p, (d, _x) in sorted(package.items())}}
+    return RecipeBuild(modules, refs, report, changed, [line for _m, line in explained], package,
+                       sorted({p.split(".")[0] for p in recipe.package.packages}) if recipe.package else [])
+
+
+def package_files(package: Package, tree: FileMap, modules: set[str]) -> FileMap:
+    """The files of a [package] as pip installs them from the sdist: each listed package's folder's .py files
+    and ``data`` patterns (not its subfolders: those are packages of their own), at the package's dotted path;
+    the built modules are placed beside them by their dotted names (recipe.module_file)."""
+    base = f"{package.package_dir}/" if package.package_dir else ""
+    out: FileMap = {}
+    for name in package.packages:
+        folder = base + name.replace(".", "/") + "/"
+        data = [glob_re(folder + g) for g in package.data]
+        mine = {rel: v for rel, v in tree.items() if rel.startswith(folder) and "/" not in rel[len(folder):]
+                and (rel.endswith(".py") or any(r.fullmatch(rel) for r in data))}
+        if not any(rel.endswith("/__init__.py") for rel in mine):
+            raise BadInput(f"package {name} has no {folder}__init__.py in source {package.source}",
+                           hint="package.packages names folders of the source tree (package_dir: the folder "
+                                "they are in; the sdist's top folder is stripped)")
+        for rel, v in mine.items():
+            out[rel[len(base):]] = v
+    clash = sorted(set(out) & modules)
+    if clash:
+        raise BadInput(f"the package's file {clash[0]} is also a built module",
+                       hint="leave the built file out of the package (a prebuilt copy in the sdist?)")
+    return out
 
 
 def _finish(ctx: BuildContext, jobs: list[ModuleJob]) -> list[BuiltModule]:

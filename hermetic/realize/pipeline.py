@@ -338,6 +338,7 @@ def materialize(root: Root, job: Validated, qualified: Qualified, fetched: Fetch
     links = toolchain_links(job.recipe.toolchain, files) if job.recipe.toolchain and not job.builds else {}
     refs = [entry_ref(u.entry) for u in unpacked]
     if built is not None:
+        files.update(built.package_files)   # the sdist's Python packages, the modules beside them (variants.py)
         files.update({m.filename: (m.digest, False) for m in built.modules})
         refs += built.refs
     tree, tree_built = build_tree(store, job.name, files, links, refs=refs)
@@ -353,7 +354,9 @@ def check_imports(check: ImportCheck | None, built: RecipeBuild | None, env: Mat
         return
     assert check is not None and env.profile == check.profile
     reporter.event("phase", phase="checking")
-    built.report["import_check"] = check.run([m.module for m in built.modules], env.tree, env.folder)
+    built.report["import_check"] = check.run(
+        [*(m.module for m in built.modules if m.python_module), *built.package_imports], env.tree, env.folder,
+        tuple(m.filename for m in built.modules if not m.python_module))
     built.report["schedule"]["import_check_s"] = clock.lap("check")
 
 
