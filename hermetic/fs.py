@@ -270,8 +270,13 @@ def remove_tree(top: Path) -> int:
 
 def remove_aside(folder: Path) -> bool:
     """Remove a folder whole, renamed aside first (a sibling of a fresh name): whoever writes into it meanwhile
-    finds it gone, never half removed. False when there was nothing there."""
+    finds it gone, never half removed. False when there was nothing there. A folder whose parent is a symbolic
+    link (``home/.cache`` planted as a link to a folder outside the root) is never reached through it: the link
+    itself is removed, what it points at is left as it was."""
     try:
+        if stat.S_ISLNK(os.lstat(folder.parent).st_mode):
+            os.unlink(folder.parent)
+            return True
         st = os.lstat(folder)
     except FileNotFoundError:
         return False

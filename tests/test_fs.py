@@ -217,6 +217,20 @@ def test_remove_tree_counts_files_whose_last_link_went(tmp_path: Path) -> None:
     assert not (tmp_path / "alink").is_symlink() and (tmp_path / "kept").exists()
 
 
+def test_remove_aside_never_removes_through_a_linked_parent(tmp_path: Path) -> None:
+    # the attack of 2026-12-04 (finding 1): home/.cache a link to a folder outside the root, then the bytecode
+    # cache home/.cache/pycache cleared: the outside folder's files were deleted
+    outside = tmp_path / "outside"
+    (outside / "pycache" / "notes").mkdir(parents=True)
+    (outside / "pycache" / "notes" / "keep.txt").write_text("mine")
+    home = tmp_path / "root" / "home"
+    home.mkdir(parents=True)
+    (home / ".cache").symlink_to(outside)
+    assert fs.remove_aside(home / ".cache" / "pycache")
+    assert (outside / "pycache" / "notes" / "keep.txt").read_text() == "mine"
+    assert not os.path.lexists(home / ".cache") and os.listdir(outside) == ["pycache"]
+
+
 def test_remove_aside_removes_whole(tmp_path: Path) -> None:
     top = tmp_path / "t"
     _tree(top)
