@@ -289,6 +289,30 @@ def remove_aside(folder: Path) -> bool:
     return True
 
 
+def refuse_linked_folders(top: Path, folder: Path) -> None:
+    """Each folder from below ``top`` down to ``folder`` (inclusive) that exists must be a real folder, never a
+    symbolic link: hermetic makes these folders itself and writes, links and deletes inside them, so a link
+    planted there would carry those writes outside the root. BadInput (exit 2) naming the first link."""
+    try:
+        parts = folder.relative_to(top).parts
+    except ValueError:
+        return
+    path = top
+    for part in parts:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            raise BadInput(f"{path} is a symbolic link (to {target}) where hermetic's own build folder belongs",
+                           where=str(path), hint="remove the link: hermetic makes this folder itself")
+
+
 def resolve(path: Path) -> Path:
     """``path.resolve()``, a loop of symbolic links raising an OSError that names the path (ELOOP) like every
     other file-system error (Python before 3.13 raises a RuntimeError)."""

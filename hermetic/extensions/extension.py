@@ -60,9 +60,12 @@ def plan_module(ctx: BuildContext, ext: Extension, variant: Variant, site: Modul
 def place_reused(ctx: BuildContext, job: ModuleJob) -> None:
     """Put every object the plan reuses where the link expects it, and say what the module will take."""
     started = time.monotonic()
+    top = ctx.root.path / "build"
+    fs.refuse_linked_folders(top, job.build_dir)
     job.build_dir.mkdir(parents=True, exist_ok=True)
     for d in job.choices:
         if d.decision is not Decision.COMPILED:
+            fs.refuse_linked_folders(top, Path(d.compile.object).parent)
             job.cache.place(d)
     todo, total = len(job.todo()), len(job.plan.compiles)
     ctx.reporter.event("build", f"{job.plan.module}: {plural(total, 'objects')}, {total - todo} reused, {todo} to "

@@ -484,8 +484,10 @@ def _read_cost(path: str) -> dict[str, float] | None:
 
 def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: int,
                  session: Session | None = None) -> Path:
+    fs.refuse_linked_folders(folder.parent, folder)
     for u in units:  # a stale object must not look up to date to ninja: hermetic decided to compile
         c = u.compile
+        fs.refuse_linked_folders(folder.parent, Path(c.object).parent)
         for p in (c.object, c.depfile, c.object + ".cost", c.object + ".cost.start"):
             if os.path.lexists(p):
                 os.unlink(p)

@@ -174,6 +174,7 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
     modules: list[BuiltModule] = []
     sources_report: dict[str, Any] = {}
     jobs: list[ModuleJob] = []
+    fs.refuse_linked_folders(root.path / "build", root.path / "build" / recipe.name)
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
         for variant in variants:
             trees = {}
