@@ -242,3 +242,15 @@ def test_show_carries_on_past_a_root_folder_this_user_cannot_search(
     os.chmod(h.root / "state", 0)
     assert nobody("show").rc == 0
     assert nobody("gc").rc == 0
+
+
+@pytest.mark.parametrize("where", ["store/entries", "store/temproots"])
+def test_a_missing_own_folder_of_the_store_is_made_again(where: str, realized: tuple[Hermetic, Path]) -> None:
+    """Before (the re-attack of 2026-12-04, finding 4): with store/entries gone every realize and repair
+    exited 2 naming a staging folder, for good; the other own folders were made again."""
+    h, recipe = realized
+    subprocess.run(["rm", "-rf", str(h.root / where)], check=True)
+    again = _run(h, "realize", recipe)
+    assert again.rc == 0, again.err[-3000:]
+    assert (h.root / where).is_dir() and not (h.root / where).is_symlink()
+    assert _run(h, "verify").rc == 0

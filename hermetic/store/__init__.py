@@ -219,10 +219,12 @@ class Store:
             if found != f"hermetic-store {STORE_FORMAT}":
                 raise WorkFailed(f"the store has format {found!r}; this hermetic reads format {STORE_FORMAT}",
                                  where=str(fmt), hint="use a matching hermetic, or `hermetic gc --all`")
-        elif not self.read_only:
+        if not self.read_only:   # a new store, or an own folder gone missing (made again, empty: derived)
             for d in (self.blobs, self.entries, self.locks, self.tmp, self.trash, self.temproots_dir):
-                d.mkdir(parents=True, exist_ok=True)
-            fs.atomic_write(fmt, f"hermetic-store {STORE_FORMAT}\n".encode())
+                if not os.path.lexists(d):
+                    d.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(fmt):
+                fs.atomic_write(fmt, f"hermetic-store {STORE_FORMAT}\n".encode())
         if check:
             refuse_folders(self.folder_problems())
         return self
