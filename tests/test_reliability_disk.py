@@ -21,22 +21,15 @@ from tests.support.cli import REPO, Hermetic, hermetic_env
 from tests.support.index import LoopbackIndex
 from tests.support.recipes import pip_lock_line, write_recipe
 from tests.support.reliability import realize_toolchain, toolchain_wheels_from
+from tests.support.tmpfs import small_tmpfs
 from tests.support.trees import store_listing
 from tests.support.wheels import build_wheel
 
 
 @pytest.fixture
 def tiny(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0755", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({p.stderr.strip() or p.returncode}): needs root or CAP_SYS_ADMIN")
-    try:
+    with small_tmpfs(tmp_path / "tiny", "3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _entries(root: Path) -> set[str]:
