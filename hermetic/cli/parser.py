@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -89,14 +90,20 @@ def _common(command: str = "") -> Parser:
     return p
 
 
-def _zstd_level(text: str) -> int:
-    try:
-        level = int(text)
-    except ValueError:
-        level = 0
-    if not 1 <= level <= 22:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a zstd level from 1 to 22")
-    return level
+def _int_from(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer from ``low`` to ``high``, else a usage error saying what it must be."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} from {low} to {high}")
+        return value
+    return parse
+
+
+_zstd_level = _int_from(1, 22, "a zstd level")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,14 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _jobs(text: str) -> int:
-    try:
-        jobs = int(text)
-    except ValueError:
-        jobs = 0
-    if not 1 <= jobs <= 1024:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of jobs from 1 to 1024")
-    return jobs
+_jobs = _int_from(1, 1024, "a number of jobs")
 
 
 def _jobs_option(p: argparse.ArgumentParser) -> None:
