@@ -16,6 +16,7 @@ module (and TOML) is imported only by a command that does work.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +24,10 @@ from typing import Any, NamedTuple
 from hermetic.errors import BadInput
 
 PRECEDENCE = ("command line", "environment", "recipe or runner file", "project", "user", "system", "default")
+# The levels a repository writes (its recipe or runner, its hermetic.toml): a setting from one of them is the
+# repository's choice, never the user's. Credentials from the environment go only to a server the user chose,
+# and a repository cannot make the user's cache writable (docs/config.md, "What a repository's file may not do").
+REPOSITORY_LEVELS = ("recipe or runner file", "project")
 FILE_NAME = "hermetic.toml"
 ENV_SYSTEM = "HERMETIC_SYSTEM_CONFIG"
 SYSTEM_PATH = Path("/etc/hermetic") / FILE_NAME
@@ -31,19 +36,23 @@ REMOTE_MODES = ("off", "ro", "rw")
 MAX_JOBS = 1024
 
 
+def _shown(value: object) -> str:
+    """A value as an error quotes it: at most 60 characters, any URL's credentials replaced by ***."""
+    from hermetic.urls import redact_text
+    shown = redact_text(repr(value))
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 def _label(name: str, where: str) -> str:
     """What a message calls the value: the variable or option that gave it, else the file's key."""
     return where if where.isupper() or where.startswith("-") else name
 
 
 def _jobs(value: object, where: str) -> int:
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            pass
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip(" ")):   # ASCII digits: not 3_0, not ٣
+        value = int(value.strip(" "))
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS:
-        raise BadInput(f"{_label('jobs', where)} must be a whole number from 1 to {MAX_JOBS}, found {value!r:.60}",
+        raise BadInput(f"{_label('jobs', where)} must be a whole number from 1 to {MAX_JOBS}, found {_shown(value)}",
                        where=where, hint="the number of compilers running at once, e.g. 8")
     return value
 
@@ -51,7 +60,7 @@ def _jobs(value: object, where: str) -> int:
 def _choice(name: str, choices: tuple[str, ...], hint: str) -> Callable[[object, str], str]:
     def check(value: object, where: str) -> str:
         if not isinstance(value, str) or value.strip().lower() not in choices:
-            raise BadInput(f"{_label(name, where)} must be one of {', '.join(choices)}, found {value!r:.60}",
+            raise BadInput(f"{_label(name, where)} must be one of {', '.join(choices)}, found {_shown(value)}",
                            where=where, hint=hint)
         return value.strip().lower()
     return check
@@ -60,20 +69,26 @@ def _choice(name: str, choices: tuple[str, ...], hint: str) -> Callable[[object,
 def _text(name: str) -> Callable[[object, str], str]:
     def check(value: object, where: str) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise BadInput(f"{_label(name, where)} must be a non-empty string, found {value!r:.60}", where=where,
+            raise BadInput(f"{_label(name, where)} must be a non-empty string, found {_shown(value)}", where=where,
                            hint=f"write {name} = \"...\"")
+        if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+            raise BadInput(f"{_label(name, where)} holds a control character: {_shown(value)}", where=where,
+                           hint="a path or URL has no NUL, newline or escape in it")
         return value.strip()
     return check
 
 
 def _paths(value: object, where: str) -> str:
     """Trusted keys: a ``:``-separated string (the environment's form) or, in a file, an array of paths."""
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return ":".join(value)
-    if isinstance(value, str):
-        return value
-    raise BadInput(f"trusted_keys must be an array of public key files, found {value!r:.60}", where=where,
-                   hint='write trusted_keys = ["/etc/hermetic/team.pub"]')
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        value = ":".join(value)
+    elif not isinstance(value, str) or not where.isupper():   # a string only from the environment
+        raise BadInput(f"trusted_keys must be an array of public key files, found {_shown(value)}", where=where,
+                       hint='write trusted_keys = ["/etc/hermetic/team.pub"]')
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise BadInput(f"{_label('trusted_keys', where)} holds a control character: {_shown(value)}", where=where,
+                       hint="a path has no NUL, newline or escape in it")
+    return value
 
 
 class Spec(NamedTuple):
@@ -103,7 +118,19 @@ SETTINGS: dict[str, Spec] = {s.key: s for s in (
          _choice("remote.mode", REMOTE_MODES, "ro reads the remote cache, rw also writes it (trusted builders "
                                               "only), off ignores it"), lambda: "ro", "ro"),
     Spec("trusted_keys", "", ("HERMETIC_TRUSTED_KEYS",), "", _paths, lambda: None, "none"),
+    Spec("dist", "--dist", ("HERMETIC_DIST",), "recipe [remote] dist", _text("dist"), lambda: None,
+         "none (compiles stay on this machine)"),
 )}
+
+# What a project's hermetic.toml (a file a repository carries, read for any recipe inside it) may not set: the keys
+# that vouch for what enters the store of every recipe of the root. Recipes cannot name them either
+# (docs/guarantees.md, "Who may write what"); the user's and the system's files, and the environment, can.
+NOT_FROM_A_PROJECT = {
+    "trusted_keys": "a trusted key vouches for archives and cache entries that enter the store every recipe of "
+                    "the root reuses, so a repository may not choose one",
+    "lock_dir": "the lock folder is the machine's, shared by every user: a repository choosing another would "
+                "let its runs skip the locks everyone else takes",
+}
 
 
 class Setting(NamedTuple):
@@ -152,11 +179,51 @@ class Config:
                 return Setting(key, value, layer.level, where)
         return Setting(key, spec.default(), PRECEDENCE[-1], "the default")
 
+    def users_values(self, key: str) -> list[Any]:
+        """``key``'s values in the user's and the system's files: what the user chose, whatever a repository's
+        file or recipe says over them (a server named there too is the user's, credentials and all)."""
+        return [layer.values[key][0] for layer in self.layers
+                if layer.level not in REPOSITORY_LEVELS and key in layer.values]
+
+    def check_machines_lock_dir(self, chosen: Setting) -> None:
+        """A runner's ``gpu.lock_dir`` that is not the machine's lock folder (the one a user's or system's file
+        names, else the default) is bad input: a runner (a repository's) cannot take a device past the locks
+        every other run takes."""
+        if chosen.level not in REPOSITORY_LEVELS:
+            return
+        from hermetic.root import lock_dir
+        machines = self.users_values("lock_dir") or [str(lock_dir(None))]
+        if chosen.value not in machines:
+            raise BadInput(f"the runner's lock folder {chosen.value} is not the machine's ({machines[0]}): a runner "
+                           "cannot take a device past the locks every other run takes", where=chosen.origin,
+                           hint="remove gpu.lock_dir from the runner, or set HERMETIC_LOCK_DIR if you mean it")
+
     def table(self, cli: Mapping[str, object] | None = None,
               files: Mapping[str, tuple[object, str]] | None = None) -> list[Setting]:
         """Every setting resolved (``hermetic config``)."""
         cli, files = cli or {}, files or {}
         return [self.resolve(key, cli.get(key), *files.get(key, (None, ""))) for key in SETTINGS]
+
+
+def _check_owner(level: str, path: Path, st: os.stat_result, what: str, *, folder: bool = False,
+                 link: bool = False) -> None:
+    """A configuration file someone else could have written is not read (as git refuses a repository another
+    user owns): the file, a link at its name, and the folders holding them must belong to this user or to root,
+    and no other user may write to them (a world-writable folder only with the sticky bit, as /tmp: there no
+    one else can replace this user's file)."""
+    uid = os.geteuid()
+    head = f"the {level} configuration {path}" + (f": {what}" if what else " ")
+    if st.st_uid not in (uid, 0):
+        raise BadInput(f"{head}belongs to uid {st.st_uid}, not to you (uid {uid}) or root: a file another user "
+                       "can change does not choose hermetic's settings",
+                       where=str(path), hint="if you trust it, copy its settings into your user file; else remove it")
+    if st.st_mode & 0o002 and not link and not (folder and st.st_mode & 0o1000):   # a link's mode is always 777
+        raise BadInput(f"{head}is writable by every user (mode {st.st_mode & 0o7777:o}): a file another user can "
+                       "change does not choose hermetic's settings", where=str(path), hint=f"chmod o-w {path}")
+
+
+def _user_hint() -> str:
+    return "$XDG_CONFIG_HOME/hermetic/hermetic.toml or ~/.config/hermetic/hermetic.toml"
 
 
 def system_path(environ: Mapping[str, str]) -> Path | None:
@@ -178,12 +245,23 @@ def project_path(start: Path) -> Path | None:
     folder holding ``.git``); outside any repository, ``start`` alone."""
     here = Path(os.path.abspath(start))
     chain = [here, *here.parents]
-    top = next((i for i, d in enumerate(chain) if (d / ".git").exists()), None)
-    folders = chain[:top + 1] if top is not None else [here]
-    for d in folders:
-        if (d / FILE_NAME).is_file():
+    top = next((i for i, d in enumerate(chain) if os.path.lexists(d / ".git")), None)
+    folders = chain[:top + 1] if top is not None and _a_repository_top(chain[top]) else [here]
+    for d in folders:   # anything by the name is the project's file (a FIFO or a folder there: bad input)
+        if os.path.lexists(d / FILE_NAME):
             return d / FILE_NAME
     return None
+
+
+def _a_repository_top(folder: Path) -> bool:
+    """Whether ``folder``'s ``.git`` is this user's or root's: one another user made (an empty ``.git`` in a
+    shared folder) makes no repository, as git refuses it (its "dubious ownership"): the recipe's folder alone is
+    looked at then."""
+    try:
+        st = os.lstat(folder / ".git")
+    except OSError:
+        return False
+    return st.st_uid in (os.geteuid(), 0)
 
 
 _LOADED: dict[tuple[str, str | None, str | None], Config] = {}
@@ -204,15 +282,37 @@ def load(start: Path | None = None, environ: Mapping[str, str] | None = None) ->
 
 
 def _read(level: str, path: Path | None, missing: Path | None) -> Layer | None:
-    """A configuration file's layer (not found: an empty one, so ``hermetic config`` can say where it looked)."""
+    """A configuration file's layer (not found: an empty one, so ``hermetic config`` can say where it looked).
+    The file is opened once; its owner and mode are checked on that descriptor and its bytes read from it (a
+    file swapped in after the check is never the one read), and so are a link at its name and the folders
+    holding the name and the file."""
     if path is None:
         return Layer(level, missing, False, {}) if missing is not None else None
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
+    if not os.path.lexists(path):
         return Layer(level, path, False, {})
-    from hermetic.tomlutil import check_keys, expect_type, load_toml
-    doc = load_toml(path)
+    from hermetic import fs
+    from hermetic.tomlutil import INPUT_LIMIT, parse_toml, read_input
+    try:
+        fd = fs.open_regular(path, follow=True)
+    except OSError:
+        read_input(path, "configuration file")   # says why (missing, a FIFO, a folder, no permission), exit 2
+        raise
+    try:
+        _check_owner(level, path, os.fstat(fd), "")
+        link = os.lstat(path)
+        if link.st_mode & 0o170000 == 0o120000:
+            _check_owner(level, path, link, "the link ", link=True)
+        for folder in dict.fromkeys((path.parent, Path(os.path.realpath(path)).parent)):
+            _check_owner(level, path, os.stat(folder), f"its folder {folder} ", folder=True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(INPUT_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > INPUT_LIMIT:
+        raise BadInput(f"configuration file {path} holds more than {INPUT_LIMIT >> 20} MiB", where=str(path),
+                       hint="name the file itself")
+    from hermetic.tomlutil import check_keys, expect_type
+    doc = parse_toml(path, raw)
     top = {k for k in SETTINGS if "." not in k} | {"remote"}
     check_keys(doc, doc.data, top, ())
     values: dict[str, tuple[Any, str]] = {}
@@ -225,6 +325,10 @@ def _read(level: str, path: Path | None, missing: Path | None) -> Layer | None:
                                            doc.where("remote", sub))
             continue
         where = doc.where(key)
+        if level == "project" and key in NOT_FROM_A_PROJECT:
+            raise BadInput(f"{key} cannot be set in a project's {FILE_NAME}: {NOT_FROM_A_PROJECT[key]}",
+                           where=where, hint=f"put it in your user file ({_user_hint()}), the system's, or "
+                                             f"{SETTINGS[key].env[0]}")
         value = SETTINGS[key].check(raw, where)
         if key == "trusted_keys":   # relative paths are the file's folder's
             value = ":".join(str(path.parent / p) if p and not os.path.isabs(p) else p for p in value.split(":"))

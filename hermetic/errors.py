@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import PurePath
 
@@ -122,11 +123,20 @@ def _explain(code: int, path: str, *, below: bool = False, renamed_over: bool = 
     if code == errno.ENOENT:
         return f"{path} does not exist", "check the path (was it removed while hermetic ran? then run again)"
     if code == errno.ENOTDIR:
-        blocking = _first_ancestor(path, lambda p: os.path.lexists(p) and not os.path.isdir(p))
-        return (f"{blocking or 'a folder on the path'} is a file, not a folder, so {path} cannot exist",
+        blocking = _first_ancestor(path, _no_folder)
+        what = _kind(blocking) if blocking else None
+        if blocking and what and what.startswith("a symbolic link"):   # opened without following it
+            return (f"{blocking} is {what} where a folder belongs: hermetic does not follow a link there, so "
+                    f"{path} cannot be used", _REMOVE_LINK)
+        if blocking == path:
+            return f"{path} is {what or 'a file'}, not a folder", "choose a folder, or move that file away"
+        return (f"{blocking or 'a folder on the path'} is {what or 'a file'}, not a folder, so {path} cannot exist",
                 "choose a path whose folders are folders, or move that file away")
     if code == errno.ELOOP:
         looping = _first_ancestor(path, _loops)
+        if looping is None and os.path.islink(path):   # opened with O_NOFOLLOW: a link where a file belongs
+            return (f"{path} is {_kind(path)} where hermetic opens a file without following links",
+                    _REMOVE_LINK)
         return (f"{looping or path} is a loop of symbolic links",
                 "fix or remove the symbolic link (`ls -l` shows where it points)")
     if code in (errno.EACCES, errno.EPERM):
@@ -190,6 +200,36 @@ def _mount_of(path: str, mounts: list[str]) -> str | None:
         if (full == m or full.startswith(m.rstrip("/") + "/")) and (best is None or len(m) > len(best)):
             best = m
     return best
+
+
+_REMOVE_LINK = ("remove the link (`ls -l` shows where it points; in the scratch root, `hermetic verify --repair` "
+                "removes it, leaving what it points at)")
+
+
+def _no_folder(p: str) -> bool:
+    """Something stands at ``p`` that is no real folder: a file, a FIFO, a symbolic link (to a folder too)."""
+    try:
+        return not stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _kind(p: str) -> str | None:
+    """What stands at ``p``, in words ("a file", "a symbolic link to /x", "a FIFO"), read with lstat."""
+    try:
+        mode = os.lstat(p).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(p)}"
+        except OSError:
+            return "a symbolic link"
+    for test, what in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a device file"
 
 
 def _loops(p: str) -> bool:

@@ -13,7 +13,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import stat
 import tempfile
 import time
@@ -243,10 +242,12 @@ def make_tree_readonly(top: Path) -> None:
 
 
 def remove_tree(top: Path) -> int:
-    """Delete a (possibly read-only) tree; returns the bytes of regular files whose last link went. Folders
-    are opened without following links (``os.fwalk``, ``shutil.rmtree``'s descriptor walk): a symlink in the
-    tree is removed, never followed."""
-    freed = 0
+    """Delete a tree, whatever its modes and depth; returns the bytes of regular files whose last link went.
+    Every folder is opened by descriptor without following links (a symlink in the tree is removed, never
+    followed); one this user may not open or change (mode 000, 555) gets its mode back through an ``O_PATH``
+    descriptor of that very folder (never a name a link could stand at); no recursion: a tree of any depth (a
+    child's 3000 nested folders made ``shutil.rmtree`` raise RecursionError) is emptied with at most
+    ``_REMOVE_DEPTH`` folders open, deeper ones moved up to the top folder first."""
     try:
         st = os.lstat(top)
     except FileNotFoundError:
@@ -254,17 +255,82 @@ def remove_tree(top: Path) -> int:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(top)
         return st.st_size if stat.S_ISREG(st.st_mode) and st.st_nlink == 1 else 0
-    top_fd = open_dir(top)
+    top_fd = _open_own_dir(str(top), None)
     try:
-        for _dirpath, _dirnames, filenames, dir_fd in os.fwalk(dir_fd=top_fd):
-            os.fchmod(dir_fd, 0o755)
-            for name in filenames:
-                st = os.lstat(name, dir_fd=dir_fd)
-                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                    freed += st.st_size
+        freed = _empty(top_fd)
     finally:
         os.close(top_fd)
-    shutil.rmtree(top)
+    os.rmdir(top)
+    return freed
+
+
+_REMOVE_DEPTH = 64
+
+
+def _open_own_dir(name: str, dir_fd: int | None) -> int:
+    """A descriptor of the folder ``name`` (never a link at it), its mode made 0700 when this user could not
+    list or change it as it was."""
+    try:
+        fd = os.open(name, _DIR, dir_fd=dir_fd)
+    except PermissionError:
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)   # the folder this handle holds, whatever its name is now
+        finally:
+            os.close(handle)
+        fd = os.open(name, _DIR, dir_fd=dir_fd)
+    with contextlib.suppress(PermissionError):
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+            os.fchmod(fd, 0o700)   # a 555 folder: its entries could not be removed
+    return fd
+
+
+def _empty(top_fd: int) -> int:
+    """Remove everything in the folder ``top_fd``; the bytes of regular files whose last link went."""
+    freed = 0
+    moved = 0
+
+    def clear(fd: int) -> list[str]:   # the folder's non-folders removed; its folders' names
+        nonlocal freed
+        folders = []
+        with os.scandir(fd) as entries:
+            for e in entries:
+                st = os.lstat(e.name, dir_fd=fd)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(e.name)
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    freed += st.st_size
+                os.unlink(e.name, dir_fd=fd)
+        return folders
+
+    stack: list[tuple[int, str, list[str]]] = [(top_fd, "", clear(top_fd))]
+    try:
+        while stack:
+            fd, name, pending = stack[-1]
+            if pending:
+                sub = pending.pop()
+                if len(stack) >= _REMOVE_DEPTH:   # too deep: moved up to the top folder, emptied from there
+                    while True:
+                        moved += 1
+                        fresh = f".hermetic-deep-{os.getpid()}-{moved}"
+                        try:
+                            os.stat(fresh, dir_fd=top_fd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            break
+                    os.rename(sub, fresh, src_dir_fd=fd, dst_dir_fd=top_fd)
+                    stack[0][2].append(fresh)
+                    continue
+                child = _open_own_dir(sub, fd)
+                stack.append((child, sub, clear(child)))
+                continue
+            stack.pop()
+            if stack:
+                os.close(fd)
+                os.rmdir(name, dir_fd=stack[-1][0])
+    finally:
+        for fd, _name, _pending in stack[1:]:
+            os.close(fd)
     return freed
 
 
@@ -461,7 +527,7 @@ _LOCK_OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOE
 LOCKS_OPENED: set[str] = set()   # every lock file this process opened (absolute): the audit leaves out only these
 
 
-def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = False) -> int:
+def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = False, hint: str | None = None) -> int:
     """A descriptor of the lock file ``path`` (created 0644 when missing), opened without following a symlink at
     its name and without blocking on a FIFO or a device; for anything but a regular file (of one link, with
     ``single_link``: a lock hermetic writes in a folder other users share), BadInput (exit 2) naming it.
@@ -480,19 +546,22 @@ def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = Fals
                 except FileExistsError:
                     continue   # made meanwhile by another process (or a link is there): open it as it is
     except OSError as e:
+        if e.errno == errno.EISDIR:
+            raise _refused(path, what, "a folder", hint) from None
         if e.errno != errno.ELOOP:
             raise
         try:
             why = f"a symbolic link (to {os.readlink(path)})"
         except OSError:
             why = "a symbolic link"
-        raise _refused(path, what, why) from None
+        raise _refused(path, what, why, hint) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _refused(path, what, kind_of(st.st_mode))
+            raise _refused(path, what, kind_of(st.st_mode), hint)
         if single_link and st.st_nlink != 1:
-            raise _refused(path, what, f"a file of {st.st_nlink} hard links (another name of some other file)")
+            raise _refused(path, what, f"a file of {st.st_nlink} hard links (another name of some other file)",
+                           hint)
     except BaseException:
         os.close(fd)
         raise
@@ -500,19 +569,20 @@ def open_lock_file(path: Path, what: str = "a lock", *, single_link: bool = Fals
     return fd
 
 
-def _refused(path: Path, what: str, why: str) -> BadInput:
+def _refused(path: Path, what: str, why: str, hint: str | None = None) -> BadInput:
     return BadInput(f"the lock file of {what} is {why}, not a lock file: hermetic does not open it for writing",
-                    where=str(path), hint="someone may have planted it, in a lock folder other users share: remove "
-                                          "it (`ls -l` shows its owner), or choose another lock folder "
-                                          "(HERMETIC_LOCK_DIR)")
+                    where=str(path), hint=hint or "someone may have planted it, in a lock folder other users share: "
+                                                  "remove it (`ls -l` shows its owner), or choose another lock "
+                                                  "folder (HERMETIC_LOCK_DIR)")
 
 
 class FileLock:
     """An flock on a lock file, exclusive or shared, with a wait limit and a clear timeout error."""
 
     def __init__(self, path: Path, *, shared: bool = False, timeout: float | None = None,
-                 what: str = "the store", single_link: bool = False) -> None:
+                 what: str = "the store", single_link: bool = False, hint: str | None = None) -> None:
         self.path, self.shared, self.timeout, self.what = path, shared, timeout, what
+        self.hint = hint   # said when the lock file is no lock file (``open_lock_file``)
         self.single_link = single_link   # a lock of a shared folder, written by ``note``: never a hard link
         self.fd: int | None = None
 
@@ -522,7 +592,7 @@ class FileLock:
         ``single_link`` (``open_lock_file``: BadInput, exit 2, for anything else): a lock folder may be shared
         with other users, and a link planted there must never lead hermetic's writes (``note``) elsewhere."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_lock_file(self.path, self.what, single_link=self.single_link)
+        fd = open_lock_file(self.path, self.what, single_link=self.single_link, hint=self.hint)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         started = time.monotonic()
         deadline = None if self.timeout is None else started + self.timeout
@@ -574,7 +644,7 @@ class FileLock:
 
     def _reopen(self, fd: int) -> int:
         os.close(fd)
-        return open_lock_file(self.path, self.what, single_link=self.single_link)
+        return open_lock_file(self.path, self.what, single_link=self.single_link, hint=self.hint)
 
     def remove(self) -> None:
         """Unlink the lock file while holding it (before ``release``): a waiter wakes on the removed file,
@@ -640,6 +710,19 @@ def scratch_dir(directory: Path, prefix: str) -> Iterator[Path]:
 
 
 _PROCESS_SCRATCH: dict[str, Path] = {}
+_PROCESS_FOLDERS: dict[tuple[str, str], Path] = {}
+
+
+def folder_for_this_process(directory: Path, prefix: str) -> Path:
+    """A fresh folder ``<prefix>*`` in ``directory`` (one of hermetic's own, in the root) for the rest of this
+    process: the same one each call, removed with everything in it at exit. It is locked (flock on the folder)
+    while this process lives: the first call sweeps the folders of ``prefix`` whose lock is free, those a kill -9
+    left (``sweep_process_folders``)."""
+    key = (str(directory), prefix)
+    if key not in _PROCESS_FOLDERS:
+        sweep_process_folders(directory, prefix)
+        _PROCESS_FOLDERS[key] = _locked_fresh(directory, prefix, None)
+    return _PROCESS_FOLDERS[key]
 
 
 SCRATCH_MARKER = ".hermetic-scratch"
@@ -652,21 +735,28 @@ def process_scratch_dir(prefix: str) -> Path:
     hermetic's marker (``SCRATCH_MARKER``) and is locked (flock on the folder) while this process lives: one left
     by a process killed with kill -9 has its lock free, and ``sweep_scratch_dirs`` (run here first) removes it."""
     if prefix not in _PROCESS_SCRATCH:
-        import atexit
         sweep_scratch_dirs(prefix)
-        fresh = Path(tempfile.mkdtemp(prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
-        fd = open_dir(fresh)
-        marker = os.open(SCRATCH_MARKER, _NEW_FILE, 0o444, dir_fd=fd)
-        try:
-            os.write(marker, SCRATCH_MARKER_TEXT)
-        finally:
-            os.close(marker)
-        fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
-        path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
-        os.rename(fresh, path)
-        atexit.register(_drop_scratch, path, fd)
-        _PROCESS_SCRATCH[prefix] = path
+        _PROCESS_SCRATCH[prefix] = _locked_fresh(Path(tempfile.gettempdir()), prefix, SCRATCH_MARKER)
     return _PROCESS_SCRATCH[prefix]
+
+
+def _locked_fresh(directory: Path, prefix: str, marker: str | None) -> Path:
+    """A new folder ``<prefix><pid>-<random>`` in ``directory``, holding ``marker`` when given, locked before it
+    gets a name the sweep looks at and removed at exit (the lock goes with the process, even at kill -9)."""
+    import atexit
+    fresh = Path(tempfile.mkdtemp(dir=directory, prefix=f".{prefix}new-"))   # not yet a name the sweep looks at
+    fd = open_dir(fresh)
+    if marker is not None:
+        mfd = os.open(marker, _NEW_FILE, 0o444, dir_fd=fd)
+        try:
+            os.write(mfd, SCRATCH_MARKER_TEXT)
+        finally:
+            os.close(mfd)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # nobody else knows the folder yet: never waits
+    path = fresh.with_name(f"{prefix}{os.getpid()}-{fresh.name.rsplit('-', 1)[-1]}")
+    os.rename(fresh, path)
+    atexit.register(_drop_scratch, path, fd)
+    return path
 
 
 def _drop_scratch(path: Path, fd: int) -> None:
@@ -693,7 +783,44 @@ def sweep_scratch_dirs(prefix: str) -> list[Path]:
     """Remove this user's folders of ``prefix`` in the system's temp folder that hermetic made (its marker is in
     them) and whose process is gone (their lock is free: a process killed with kill -9 runs no exit handler).
     A folder of that name without the marker is someone's own: never touched. Returns what it removed."""
-    top = Path(tempfile.gettempdir())
+    return _sweep(Path(tempfile.gettempdir()), prefix, marked=True)
+
+
+def sweep_process_folders(directory: Path, prefix: str) -> list[Path]:
+    """Remove the folders of ``prefix`` in ``directory`` (one of hermetic's own) that ``folder_for_this_process``
+    made for a process now gone (their lock is free). Returns what it removed."""
+    return _sweep(directory, prefix, marked=False)
+
+
+def live_process_folders(directory: Path, prefix: str) -> list[Path]:
+    """The folders of ``prefix`` in ``directory`` that ``folder_for_this_process`` made for a process that still
+    lives (their lock is held)."""
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.startswith(prefix))
+    except OSError:
+        return []
+    live = []
+    for name in names:
+        try:
+            if not stat.S_ISDIR(os.lstat(directory / name).st_mode):
+                continue   # a link, a file: no folder of a process
+        except OSError:
+            continue
+        try:   # a home its child made mode 000 is opened all the same (its mode mended): the re-attack's B2
+            fd = _open_own_dir(str(directory / name), None)
+        except OSError:
+            live.append(directory / name)   # cannot be told dead: taken as live
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            live.append(directory / name)
+        finally:
+            os.close(fd)   # a lock taken here goes with the descriptor
+    return live
+
+
+def _sweep(top: Path, prefix: str, *, marked: bool) -> list[Path]:
     try:
         names = [n for n in os.listdir(top) if n.startswith(prefix)]
     except OSError:
@@ -705,10 +832,10 @@ def sweep_scratch_dirs(prefix: str) -> list[Path]:
             st = os.lstat(path)
             if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
                 continue
-            fd = open_dir(path)
+            fd = _open_own_dir(str(path), None)   # a mode of 000 left on it is mended (the re-attack's B1)
         except OSError:
             continue
-        if not _marked(fd):
+        if marked and not _marked(fd):
             os.close(fd)
             continue   # not hermetic's
         try:

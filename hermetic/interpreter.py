@@ -29,7 +29,7 @@ WHERE = "recipe.python"
 # it is refused; only a supported CPython goes on to import packaging. A change to what it prints bumps
 # root.CACHES["pythons"].
 _PROBE = r"""
-import json, platform, sys
+import json, platform
 impl = getattr(sys, "implementation", None)
 out = {"python": platform.python_version(), "executable": sys.executable,
        "implementation": impl.name if impl else platform.python_implementation().lower()}
@@ -128,13 +128,13 @@ def _running() -> dict[str, Any]:
 def _ask(root: Root, exe: Path, python: str, where: str) -> dict[str, Any]:
     import packaging
 
-    from hermetic.procs import run_probe  # in a session of its own: it dies with hermetic
+    from hermetic.procs import NO_CWD_IMPORTS, run_probe  # in a session of its own: it dies with hermetic
     site = str(Path(packaging.__file__).parent.parent)
     root.tmp.mkdir(parents=True, exist_ok=True)
     env = {**root.child_env(), "PYTHONNOUSERSITE": "1"}
     # -E -s -S, not -I: a Python too old to know -I still says what it is; -B: nothing written in site
     try:
-        found, output = run_probe([str(exe), "-E", "-s", "-S", "-B", "-c", _PROBE, site], env=env,
+        found, output = run_probe([str(exe), "-E", "-s", "-S", "-B", "-c", NO_CWD_IMPORTS + _PROBE, site], env=env,
                                   cwd=str(root.tmp))
     except OSError as e:
         raise BadInput(f"the host interpreter {python!r} ({exe}) cannot be run: {e.strerror or e}", where=where,

@@ -54,6 +54,26 @@ if lim.get("nice"):
     os.nice(lim["nice"])
 if lim.get("address_space"):
     resource.setrlimit(resource.RLIMIT_AS, (lim["address_space"], lim["address_space"]))
+if lim.get("no_unix_sockets"):  # a seccomp filter: socket(AF_UNIX, ...) and io_uring refused (EACCES), for good
+    import ctypes, struct
+    machine = os.uname().machine
+    arch, nr_socket, nr_uring = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}[machine]
+    KILL, DENY, ALLOW = 0x80000000, 0x00050000 | 13, 0x7FFF0000
+    prog = [(0x20, 0, 0, 4), (0x15, 1, 0, arch), (0x06, 0, 0, KILL),          # 0-2: another ABI (i386): killed
+            (0x20, 0, 0, 0), (0x35, 0, 1, 0x40000000), (0x06, 0, 0, KILL),  # 3-5: x32's numbers: killed
+            (0x15, 3, 0, nr_uring), (0x15, 0, 3, nr_socket),                # 6-7: io_uring_setup, socket
+            (0x20, 0, 0, 16), (0x15, 0, 1, 1),                              # 8-9: its domain AF_UNIX?
+            (0x06, 0, 0, DENY), (0x06, 0, 0, ALLOW)]                        # 10, 11
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *f) for f in prog))
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = Fprog(len(prog), ctypes.addressof(code))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0 or \
+            libc.prctl(22, ctypes.c_ulong(2), ctypes.byref(fprog), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
+        print(f"hermetic: cannot set the socket filter: {os.strerror(ctypes.get_errno())}", file=sys.stderr)
+        sys.exit(126)
 try:
     os.execvp(sys.argv[2], sys.argv[2:])
 except OSError as e:  # said like a shell says it, not as a traceback of this shim
@@ -137,6 +157,33 @@ class Confinement:
     prefix: tuple[str, ...]
     writable: tuple[str, ...]
     refused: list[Refusal] = field(default_factory=list)
+    read_only: tuple[str, ...] = ()     # inside ``writable``, bound read-only over it (the root's records)
+    no_unix_sockets: bool = False       # a seccomp filter refuses socket(AF_UNIX) (an ssh-agent, a D-Bus) and io_uring
+    homes: tuple[tuple[str, str], ...] = ()   # (the root's home, the children's own): their environment moved there
+    temps: tuple[tuple[str, str], ...] = ()   # (the root's tmp/, the children's own): TMPDIR and the like moved there
+
+    def moved(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with every folder in the root's home moved into the children's own (``homes``), and a variable
+        naming the root's tmp/ itself (TMPDIR, TMP, TEMP: where a compiler writes its intermediate files) naming
+        theirs (``temps``); a folder below tmp/ (a scratch folder hermetic made for this child) stays."""
+        out = dict(env)
+        for key, value in env.items():
+            for home, box in self.homes:
+                if value == home or value.startswith(home + "/"):
+                    out[key] = box + value[len(home):]
+                    break
+            else:
+                for tmp, own in self.temps:
+                    if value.rstrip("/") == tmp:
+                        out[key] = own
+                        break
+        return out
+
+
+def confined_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment a child started now gets: ``env``, moved into the confinement's home if one is in effect."""
+    confinement = _CONFINEMENT[0]
+    return env if confinement is None else confinement.moved(env)
 
 
 @dataclass(frozen=True)
@@ -267,22 +314,39 @@ def confined(confinement: Confinement | None) -> Iterator[Confinement | None]:
 # somewhere on the line (Python, coreutils, the shell, gcc and ld all name it). "Permission denied" is not
 # the sandbox's word: it would take a program that is not executable for a refused write.
 _REFUSED_WORDS = ("Read-only file system",)
-_PATH = re.compile(r"""'(/[^']*)'|"(/[^"]*)"|(?<![\w.~/-])(/[^\s:'"(),;]+)""")
+_PATH = re.compile(r"""'(/[^'\\]*)'|"(/[^"\\]*)"|(?<![\w.~/-])(/[^\s:'"(),;\\]+)""")
+# Python's form names the path right after the words: it wins over any path named before them on the line (a
+# record printed whole, JSON-escaped, names its own files first: 41 N4 named capture.py for a kernel-cache write)
+_AFTER = re.compile(r"""\s*:\s*(?:'(/[^'\\]*)'|"(/[^"\\]*)"|(/[^\s:'"(),;\\]+))""")
 
 
-def refused_write(line: str, writable: Sequence[str]) -> str | None:
+def refused_write(line: str, writable: Sequence[str], read_only: Sequence[str] = ()) -> str | None:
     """The path of a write the sandbox refused, if ``line`` reports one: the path named nearest before the
     words (``sh: cannot create /tmp/x: Read-only file system``), else the first after them (Python's
     ``[Errno 30] Read-only file system: '/tmp/x'``), outside the writable places, that this user could write
     outside the sandbox (so the refusal is the sandbox's, not the file's own permissions or a file system that
-    is read-only anyway)."""
+    is read-only anyway); or inside one of the ``read_only`` places bound over them (the root's records)."""
     at = max(line.rfind(w) for w in _REFUSED_WORDS)
     if at < 0:
         return None
     found = [(m.start(), os.path.normpath(next(g for g in m.groups() if g))) for m in _PATH.finditer(line)]
     ordered = [p for s, p in reversed(found) if s < at] + [p for s, p in found if s > at]
+    right = _AFTER.match(line, at + len(next(w for w in _REFUSED_WORDS if line.startswith(w, at))))
+    if right is not None and any(right.groups()):
+        ordered.insert(0, os.path.normpath(next(g for g in right.groups() if g)))
+    before = [st for st, _p in found if st < at]
+    if before and line[:at].endswith(": ") and line[before[-1]] == "/":
+        # bash's and dash's form names the path bare, right before ": Read-only ...": a name with a space in it
+        # runs up to there (`sh: 1: cannot create /x/sp ace: Read-only file system`)
+        whole = line[before[-1]:at - 2]
+        if not any(q in whole for q in "'\""):
+            ordered.insert(0 if right is None else 1, os.path.normpath(whole))
+    def under(path: str, places: Sequence[str]) -> bool:
+        return any(path == w or path.startswith(w.rstrip(os.sep) + os.sep) for w in places)
     for path in ordered:
-        if any(path == w or path.startswith(w.rstrip(os.sep) + os.sep) for w in writable):
+        if under(path, read_only) and _writable_here(path):
+            return path
+        if under(path, writable):
             continue
         if _writable_here(path):
             return path
@@ -313,12 +377,25 @@ def _sandbox_failed(rc: int, first: str | None, confinement: Confinement | None)
              "state/sandbox-v1: delete that folder to ask again (a no is asked again anyway)")
 
 
+MAX_LINE = 8 << 20     # bytes of a child's output taken as one line at most (a capture's record is one line)
+TAIL_LINE = 4000       # characters of a line kept for the tail an error quotes
+
+
+def tail_line(line: str) -> str:
+    """``line`` as a tail keeps it: TAIL_LINE characters at most (a flood of long lines costs bounded memory)."""
+    return line if len(line) <= TAIL_LINE else line[:TAIL_LINE] + " ..."
+
+
 def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: Limits,
                 on_line: Callable[[str], None],
                 on_start: Callable[[int], None] | None = None,
-                timeout: float | None = None) -> tuple[int, list[str]]:
+                timeout: float | None = None, writable_too: Sequence[str] = (),
+                read_only_too: Sequence[str] = (), no_unix_sockets: bool = False) -> tuple[int, list[str]]:
     """Run ``argv`` in a new process group under ``limits`` (inside the confinement in effect, if any); stream
-    its output lines; return (rc, tail).
+    its output lines; return (rc, tail). ``writable_too``: folders this one child may write although the
+    confinement binds them read-only (``patch`` in an entry's staging folder under the store); ``read_only_too``:
+    files no child of this one may write although they lie in a writable folder (ninja's build.ninja);
+    ``no_unix_sockets``: in the confinement, this child gets its seccomp filter too (the import check).
 
     ``on_start`` gets the pid of the group's leader (the limited child) once it runs, e.g. for a memory guard.
     Past ``timeout`` seconds the whole session is stopped and ``TimedOut`` raised. A child that failed after
@@ -327,6 +404,7 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     # The child waits at a gate (a pipe) until its reaper runs: a kill -9 between the two starts (no signal
     # mask stops SIGKILL) closes the gate's write end, and the child exits without running anything.
     confinement = _CONFINEMENT[0]
+    env = confined_env(env)
     if not _AT_EXIT:   # whatever escaped a child and is still there when hermetic exits is stopped then
         import atexit
         atexit.register(_stop_escaped_at_exit)
@@ -335,9 +413,20 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
     mark = f"{MARK}.{_SEQ[0]}"
     env = {**env, MARK_VARIABLE: mark}
     gate_r, gate_w = os.pipe()
-    shim = [*(confinement.prefix if confinement is not None else ()), sys.executable, "-S", "-c", _SHIM,
+    wrapper: tuple[str, ...] = ()
+    if confinement is not None:
+        extra = [a for w in writable_too for a in ("--bind", w, w)] + \
+            [a for r in read_only_too for a in ("--ro-bind", r, r)]
+        wrapper = (*confinement.prefix[:-1], *extra, confinement.prefix[-1])
+    # -I: hermetic's own helpers (this shim, the compile wrappers) ignore PYTHON* variables, so they read the
+    # standard library's bytecode from the system's read-only caches, never from a PYTHONPYCACHEPREFIX a child
+    # could have filled (a planted json .pyc changed a later rebuild's command: the re-attack's B2), and never
+    # import from the current folder, a build folder a child writes (a planted json.py did the same)
+    shim = [*wrapper, sys.executable, "-I", "-S", "-c", _SHIM,
             json.dumps({"cpus": list(limits.cpus or ()), "nice": limits.nice,
-                        "address_space": limits.address_space, "gate": gate_r}), *argv]
+                        "address_space": limits.address_space, "gate": gate_r,
+                        "no_unix_sockets": confinement is not None and (confinement.no_unix_sockets
+                                                                        or no_unix_sockets)}), *argv]
     program = os.path.basename(argv[0])
     refused: list[Refusal] = []
     first: str | None = None
@@ -353,7 +442,7 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
         finally:
             os.close(gate_r)
         try:
-            reaper = subprocess.Popen([sys.executable, "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
+            reaper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(proc.pid)], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                                       env={"PATH": "/usr/bin:/bin"})
             try:
@@ -386,15 +475,15 @@ def run_limited(argv: Sequence[str], *, cwd: str, env: dict[str, str], limits: L
             on_start(proc.pid)
         waiter.start()
         assert proc.stdout is not None
-        for raw in proc.stdout:
+        while raw := proc.stdout.readline(MAX_LINE):   # a line without end (a flood) comes in bounded pieces
             line = raw.decode(errors="replace").rstrip("\n")
             if confinement is not None and len(refused) < MAX_REFUSALS:
-                path = refused_write(line, confinement.writable)
+                path = refused_write(line, confinement.writable, confinement.read_only)
                 if path is not None:
                     refused.append(Refusal(path, program, line[-300:]))
             if first is None:
                 first = line  # where the sandbox could not start, it says why first
-            tail.append(line)
+            tail.append(tail_line(line))
             del tail[:-400]
             on_line(line)
         read_all.set()
@@ -454,13 +543,28 @@ def _end_of_child(pid: int, mark: str, program: str, read_all: threading.Event) 
 
 
 def _refusal_error(r: Refusal, confinement: Confinement, rc: int) -> SandboxRefused:
+    """The error of a child that failed after its output named a write the sandbox refuses. The path is the
+    child's own words (``refused_write`` checks that the sandbox refuses writes there, not that one was tried:
+    a hostile package can print such a line, the attack on issue 41's follow-up): said as what it said, and the
+    way out of the sandbox only for tools one trusts."""
     places = " and ".join(confinement.writable)
+    said = f"It said: {r.line.strip()}"
+    record = next((p for p in confinement.read_only
+                   if r.path == p or r.path.startswith(p.rstrip(os.sep) + os.sep)), None)
+    if record is not None:
+        return SandboxRefused(
+            f"{r.program} failed (exit {rc}) after it said a write to {r.path} was refused: {record} holds records "
+            f"which only hermetic itself writes, read-only to every child. {said}", where=r.path,
+            hint="hermetic's children may write in their own build folder, tmp/ and their home, never the store, "
+                 "profiles, gc roots, receipts or state (docs/layout.md#what-a-child-may-write); a package that "
+                 "does is not one to build here")
     return SandboxRefused(
-        f"{r.program} tried to write {r.path}, outside the scratch root, and the sandbox refused it; it then "
-        f"failed (exit {rc}). It said: {r.line.strip()}", where=r.path,
+        f"{r.program} failed (exit {rc}) after it said a write to {r.path} was refused: that is outside the "
+        f"scratch root, where the sandbox lets no child write. {said}", where=r.path,
         hint=f"hermetic's children may write only in {places}: point the tool at $HOME, $TMPDIR or its cache "
-             f"variable (hermetic sets them inside the root), or run with --sandbox off (HERMETIC_SANDBOX=off) to "
-             f"let it write there (the outside-root audit then reports the file as ours)")
+             f"variable (hermetic sets them inside the root). The path is the child's own words (any package can "
+             f"print such a line): turn the sandbox off (--sandbox off, HERMETIC_SANDBOX=off) only for a build "
+             f"whose every tool you trust")
 
 
 def _kill_group(sid: int) -> None:
@@ -492,7 +596,10 @@ BYTECODE_CLEARED: list[str] = []   # the bytecode caches cleared this process, f
 
 # Put first in a probe's code: .pyc files it writes from then on are written whole or not at all (a short
 # write on a full disk is an error, which importlib then ignores, instead of a .pyc cut short).
-PYC_GUARD = r"""
+# Put first in a probe that cannot run with -I (it needs its environment, or must start Python 2 to name it):
+# -c put the current folder, one a child may write, first on sys.path (a json.py planted there was imported).
+NO_CWD_IMPORTS = "import sys\nsys.path[:] = [p for p in sys.path if p]\n"
+PYC_GUARD = NO_CWD_IMPORTS + r"""
 def _hermetic_pyc_guard():
     import importlib._bootstrap_external as be, os
     def _write_atomic(path, data, mode=0o666):
@@ -521,7 +628,7 @@ del _hermetic_pyc_guard
 
 def damaged_bytecode(output: str, env: dict[str, str]) -> str | None:
     """The bytecode cache (``PYTHONPYCACHEPREFIX``) a child that failed with ``output`` found damaged, or None."""
-    prefix = env.get("PYTHONPYCACHEPREFIX")
+    prefix = confined_env(env).get("PYTHONPYCACHEPREFIX")   # the cache the child used
     if prefix and any(mark in output for mark in DAMAGED_BYTECODE):
         return prefix
     return None
@@ -535,19 +642,25 @@ def clear_bytecode(prefix: str) -> None:
 
 
 def run_probe(argv: list[str], *, env: dict[str, str], cwd: str, on_start: Callable[[int], None] | None = None,
-              heal_bytecode: bool = True) -> tuple[dict[str, Any] | None, str]:
+              heal_bytecode: bool = True, no_unix_sockets: bool = False) -> tuple[dict[str, Any] | None, str]:
     """Run a Python probe like a compiler: in a session of its own that dies with hermetic, even with kill -9
     (procs.run_limited; ``on_start`` as there). Its result is the JSON after RESULT_MARK; stdout and stderr
     arrive merged. Returns (result, or None when it failed; its other output). A probe that failed on a
     damaged bytecode cache runs once more after the cache is cleared (``heal_bytecode``)."""
-    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=lambda _line: None, on_start=on_start)
-    found = [line for line in tail if line.startswith(RESULT_MARK)]
+    found: list[str] = []   # the result line whole (the tail keeps lines cut short)
+
+    def result_line(line: str) -> None:
+        if line.startswith(RESULT_MARK):
+            found[:] = [line]
+    rc, tail = run_limited(argv, cwd=cwd, env=env, limits=Limits(), on_line=result_line, on_start=on_start,
+                           no_unix_sockets=no_unix_sockets)
     text = "\n".join(line for line in tail if not line.startswith(RESULT_MARK))
     if rc != 0 or not found:
         prefix = damaged_bytecode(text, env) if heal_bytecode else None
         if prefix is not None:
             clear_bytecode(prefix)
-            return run_probe(argv, env=env, cwd=cwd, on_start=on_start, heal_bytecode=False)
+            return run_probe(argv, env=env, cwd=cwd, on_start=on_start, heal_bytecode=False,
+                             no_unix_sockets=no_unix_sockets)
         return None, text
     result: dict[str, Any] = json.loads(found[-1][len(RESULT_MARK):])
     return result, text
@@ -559,9 +672,9 @@ class BackgroundProbe:
     starts, so nobody waits for an answer no one wants (an ``import torch`` takes seconds)."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: str, name: str,
-                 heal_bytecode: bool = True) -> None:
+                 heal_bytecode: bool = True, no_unix_sockets: bool = False) -> None:
         self.argv, self.env, self.cwd, self.name = argv, env, cwd, name
-        self.heal_bytecode = heal_bytecode
+        self.heal_bytecode, self.no_unix_sockets = heal_bytecode, no_unix_sockets
         self.seconds: float | None = None   # how long the probe took, once it ended
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -576,7 +689,8 @@ class BackgroundProbe:
             try:
                 if not self._cancelled:
                     self._result = run_probe(self.argv, env=self.env, cwd=self.cwd, on_start=self._started,
-                                             heal_bytecode=self.heal_bytecode)
+                                             heal_bytecode=self.heal_bytecode,
+                                             no_unix_sockets=self.no_unix_sockets)
             except BaseException as e:  # raised where the answer is asked for
                 self._error = e
             self.seconds = round(time.monotonic() - began, 4)
@@ -597,8 +711,14 @@ class BackgroundProbe:
         if self._thread is not None:
             self._thread.join()
 
-    def join(self) -> tuple[dict[str, Any] | None, str]:
-        """The probe's (result, other output), waiting for it; what it raised is raised here."""
+    def join(self, timeout: float | None = None) -> tuple[dict[str, Any] | None, str]:
+        """The probe's (result, other output), waiting for it (past ``timeout`` seconds: stopped, and
+        ``TimedOut`` raised); what it raised is raised here."""
+        if self._thread is not None and timeout is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.cancel()
+                raise TimedOut(self.argv, timeout, [])
         self.wait()
         if self._error is not None:
             raise self._error

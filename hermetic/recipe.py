@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +29,15 @@ from hermetic.tomlutil import (
     strings,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 # an extension's module: a plain name, or a module inside a package (``torch_scatter._scatter_cuda``)
-DOTTED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}$")
+DOTTED_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,7}\Z")
 KINDS = ("cuda", "cpp")   # as torch's CUDAExtension and CppExtension
 EXTENSION_KEYS = {"source", "sources", "exclude", "include_dirs", "cflags", "cuda_cflags", "ldflags", "defines",
                   "kind", "python_module"}   # what an extension and a [shared.NAME] table may say
-DEFINE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ARCH_RE = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
+DEFINE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+ARCH_RE = re.compile(r"^\d+\.\d+[af]?(\+PTX)?\Z")
 DEFAULT_ARCHS = ("9.0",)  # Hopper (H100/H200), the GPUs this project measures on; override per recipe
 
 
@@ -161,6 +162,9 @@ def load_recipe(path: Path) -> Recipe:
     if not NAME_RE.match(name):
         raise BadInput(f"recipe name {name!r} is not a plain name", where=doc.where("recipe", "name"),
                        hint="use letters, digits, '.', '_' and '-' (at most 64)")
+    if name.endswith(".toolchain"):   # NAME.toolchain is the profile of recipe NAME's toolchain
+        raise BadInput(f"recipe name {name!r} ends in '.toolchain', the name of another recipe's toolchain "
+                       "profile", where=doc.where("recipe", "name"), hint="choose another name")
     python = get_key(doc, rec, "python", str, ("recipe",))
     locks = tuple(repo_file(doc, path.parent, v, ("recipe", "locks", i))
                   for i, v in enumerate(expect_type(doc, rec.get("locks", []), list, ("recipe", "locks"))))
@@ -183,7 +187,8 @@ def load_recipe(path: Path) -> Recipe:
         raise BadInput("the recipe names no lock and builds nothing", where=doc.where("recipe"),
                        hint='add locks = ["../manifests/NAME.txt"] under [recipe], or [[extensions]]')
     remote_url, remote_mode, remote_dist = _remote(doc, data.get("remote", {}))
-    package = _package(doc, data["package"], sources, exts) if "package" in data else None
+    built = {v.module or e.name for v in variants or (Variant("default"),) for e in exts}
+    package = _package(doc, data["package"], sources, exts, built) if "package" in data else None
     return Recipe(path.resolve(), name, locks, toolchain, doc, python, toolchain_lock, sources, limits, exts,
                   variants or (Variant("default"),), remote_url, remote_mode, remote_dist, package)
 
@@ -199,7 +204,8 @@ def _shared(doc: TomlDoc, raw: object) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _package(doc: TomlDoc, raw: object, sources: dict[str, Source], exts: tuple[Extension, ...]) -> Package:
+def _package(doc: TomlDoc, raw: object, sources: dict[str, Source], exts: tuple[Extension, ...],
+             built: set[str]) -> Package:
     kp: KeyPath = ("package",)
     t = expect_type(doc, raw, dict, kp)
     check_keys(doc, t, {"source", "packages", "package_dir", "data"}, kp)
@@ -215,7 +221,26 @@ def _package(doc: TomlDoc, raw: object, sources: dict[str, Source], exts: tuple[
         if not DOTTED_RE.match(p):
             raise BadInput(f"package {p!r} is not a dotted Python name", where=doc.where(*kp, "packages", i),
                            hint="for example torch_scatter or torch_scatter.composite")
-    package_dir = (get_key(doc, t, "package_dir", str, kp) or "").strip("/")
+        top = p.split(".")[0]
+        if top in sys.stdlib_module_names or top == "torch":
+            # the environment is on PYTHONPATH, before the standard library: pip's site-packages would not shadow
+            # it, this would (in every `hermetic env` process); torch is the host's, the recipe builds against it
+            raise BadInput(f"package {p} would shadow {'the standard library' if top != 'torch' else 'torch'}'s "
+                           f"{top} in the environment", where=doc.where(*kp, "packages", i),
+                           hint=f"leave {p} out of packages")
+        # a package named as a built module (or inside one) is a folder Python's importer prefers to the built
+        # file: ``import pkg._ext`` would run the sdist's Python, never the certified module
+        shadowed = sorted(m for m in built if p == m or p.startswith(m + "."))
+        if shadowed:
+            raise BadInput(f"package {p} has the dotted name of the built module {shadowed[0]}: Python would import "
+                           f"the package's folder, never the module hermetic builds",
+                           where=doc.where(*kp, "packages", i),
+                           hint=f"leave {p} out of packages (a prebuilt or pure-Python stand-in for the module?)")
+    package_dir = get_key(doc, t, "package_dir", str, kp) or ""
+    if package_dir.startswith("/"):   # checked before the strip below made it relative
+        raise BadInput(f"package_dir {package_dir!r} leaves the source tree", where=doc.where(*kp, "package_dir"),
+                       hint="relative to the source tree (data: to each package's folder)")
+    package_dir = package_dir.strip("/")
     data = tuple(strings(doc, t, "data", kp))
     for key, values in (("package_dir", [package_dir]), ("data", list(data))):
         for j, v in enumerate(values):
@@ -417,6 +442,9 @@ def _variant(doc: TomlDoc, folder: Path, name: str, raw: object, exts: tuple[Ext
     if not NAME_RE.match(name):
         raise BadInput(f"variant name {name!r} is not a plain name", where=doc.where(*kp),
                        hint="letters, digits, '.', '_' and '-'")
+    if name == "toolchain" or name.endswith(".toolchain"):   # NAME.toolchain is a recipe's toolchain profile
+        raise BadInput(f"variant name {name!r} makes the name of a recipe's toolchain profile", where=doc.where(*kp),
+                       hint="choose another name")
     module = get_key(doc, t, "module", str, kp)
     if module is not None:
         if len(exts) != 1:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -77,7 +78,7 @@ class Reporter:
         if self.json_mode:
             self._emit({**fields, "event": kind, **({"message": message} if message else {})})
         elif message and not self.quiet:
-            self._say(message)
+            self._say(printable(message))
 
     def detail(self, kind: str, message: str = "", /, **fields: Any) -> None:
         """More than progress, for ``-v`` only (a line per object, where a wheel came from): an event then."""
@@ -95,17 +96,17 @@ class Reporter:
         if self.json_mode:
             self._emit({**fields, "event": kind, **({"message": text} if text else {})})
         elif text:
-            print(text, file=self.stdout, flush=True)
+            print(printable(text), file=self.stdout, flush=True)
 
     def warn(self, message: str, /, **fields: Any) -> None:
         if self.json_mode:
             self._emit({"event": "warning", "message": message, **fields})
         if not self.silent:
-            self._say(self.paint("warning:", WARNING) + f" {message}")
+            self._say(self.paint("warning:", WARNING) + f" {printable(message)}")
 
     def error_text(self, rendered: str) -> str:
         """An error as ``HermeticError.render`` wrote it, its ``error:`` in colour where colour is on."""
-        head, sep, rest = rendered.partition(":")
+        head, sep, rest = printable(rendered).partition(":")
         return self.paint(head + sep, ERROR) + rest if sep else rendered
 
     def paint(self, text: str, style: str) -> str:
@@ -153,6 +154,16 @@ class Reporter:
         if self._display is None:
             self._display = _Display(self.stderr, self.color)
         return self._display
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal: every control character but newline and tab written as ``\\xNN``, so a value
+    from a file (a repository's hermetic.toml, a recipe, a server's answer) cannot move the cursor, erase a line
+    or recolour what hermetic says (JSON records carry the value as it is, escaped by JSON)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def use_color(choice: str, stream: IO[str], environ: Any = None) -> bool:

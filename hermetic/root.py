@@ -6,6 +6,7 @@ docs/layout.md; this module is its single source of truth.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -68,12 +69,14 @@ CACHES = {c.name: c for c in (
     Cache("builds", 1, "the certificate of each module's last build, for --explain"),
     Cache("sandbox", 1, "whether bubblewrap sets up the build sandbox here, per bwrap binary (its fingerprint), "
                         "kernel and user"),
-    Cache("kernels", 1, "`hermetic run`'s compiled kernels (Inductor, Triton, CUDA's JIT, torch extensions), a "
-                        "folder per torch, CUDA, triton, Python and CPU capability: a change never reuses an entry"),
+    Cache("kernels", 2, "`hermetic run`'s compiled kernels (Inductor, Triton, CUDA's JIT, torch extensions): a "
+                        "folder per runner (2: v1 was one for all), in it one per torch, CUDA, triton, Python and "
+                        "CPU capability: a change never reuses an entry"),
 )}
 
 
 DRY_RUN_SCRATCH = "hermetic-dry-run-"
+NO_CUDA = "/dev/null/hermetic-no-cuda"   # Root.no_cuda: below a device file, a folder no write can make
 
 
 def not_a_folder(path: Path) -> str | None:
@@ -194,16 +197,56 @@ class Root:
         finds it gone (and starts a new one) rather than half removed; False when there was none."""
         return fs.remove_aside(self.pycache)
 
+    def marker_problem(self) -> str | None:
+        """Why this folder is not a hermetic scratch root, in the words every command that refuses one says
+        ("it is not a hermetic scratch root (no HERMETIC_ROOT file)"), else None: its marker is a regular file
+        (any text: one naming no format is an earlier hermetic's marker, format 0). Read with lstat: a marker that
+        is a link, a folder or a FIFO is none."""
+        marker = self.path / ROOT_MARKER
+        try:
+            st = os.lstat(marker)
+        except (FileNotFoundError, NotADirectoryError):
+            return f"it is not a hermetic scratch root (no {ROOT_MARKER} file)"
+        except PermissionError:
+            return f"it is not a hermetic scratch root ({marker} cannot be read)"
+        if stat.S_ISREG(st.st_mode):
+            return None
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else not_a_folder(marker)
+        return f"it is not a hermetic scratch root (no {ROOT_MARKER} file: {what} stands there)"
+
+    def refuse_unmarked(self, command: str) -> None:
+        """BadInput (exit 2) when this folder holds anything and has no marker (``marker_problem``): ``command``
+        (gc, verify, verify --repair, gc --drop-root, env) never reads, writes or deletes in a folder of someone's
+        files that a mistyped --root named, nor in one a store/FORMAT was planted in. A missing or empty folder
+        holds nothing to refuse."""
+        try:
+            if not any(True for _ in os.scandir(self.path)):
+                return
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        problem = self.marker_problem()
+        if problem is not None:
+            raise BadInput(f"hermetic {command} will not run in {self.path}: {problem}", where=str(self.path),
+                           hint=f"the scratch root comes from {self.named_by}: check --root and HERMETIC_ROOT (if "
+                                f"this folder really is a root whose marker was lost, create an empty "
+                                f"{ROOT_MARKER} file in it)")
+
     def marker_format(self) -> int | None:
         """The format its marker names (0: a marker of an earlier hermetic, which names none); None when the
         folder has no marker (a regular file named HERMETIC_ROOT): then it is no scratch root."""
         marker = self.path / ROOT_MARKER
-        try:
-            if not stat.S_ISREG(os.lstat(marker).st_mode):
-                return None
-            text = marker.read_bytes()[:4096].decode(errors="replace")
-        except (FileNotFoundError, NotADirectoryError):
+        try:   # opened without following a link or waiting on a FIFO (one swapped in after a look is refused)
+            fd = fs.open_regular(marker, follow=False)
+        except (FileNotFoundError, NotADirectoryError, fs.NotRegularFile):
             return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:   # a symbolic link: no marker
+                return None
+            raise
+        try:
+            text = os.read(fd, 4096).decode(errors="replace")
+        finally:
+            os.close(fd)
         for line in text.splitlines():
             word, _, number = line.partition("format: hermetic-root ")
             if not word and number.strip().isdigit():
@@ -212,10 +255,11 @@ class Root:
 
     def ensure(self) -> None:
         """Make the root ready for writing. Only a missing or empty folder becomes a root (its marker written
-        first, so that a second process making it at once sees a root), or one that holds nothing but a root's
-        own folders, its store's FORMAT among them (a root copied without its marker); a folder with other files
-        and no marker is refused: a mistyped --root must never become a root that `gc --all` removes with the
-        user's files. An earlier hermetic's marker is upgraded to name the format."""
+        first, so that a second process making it at once sees a root); a folder that holds anything and no marker
+        (``marker_problem``: none, or a link, a folder or a FIFO in its place) is refused, whatever it holds: a
+        mistyped --root must never become a root that `gc --all` removes with the user's files, and a planted
+        store/FORMAT proves nothing (a root copied without its marker: create an empty one). An earlier hermetic's
+        marker (a regular file naming no format) is upgraded to name the format."""
         if self.read_only:
             raise RuntimeError(f"a read-only view of {self.path} cannot be made ready for writing")
         found = self.marker_format()
@@ -224,25 +268,31 @@ class Root:
             others = sorted(n for n in os.listdir(self.path)
                             if not (n.startswith(f".{ROOT_MARKER}.") and n.endswith(".tmp")))
             found = self.marker_format() if others else None  # another process making it just now wrote it first
-            if others and found is None and self._layout_only(others):
-                found = 0   # a root whose marker was lost (copied without it): its own folders and nothing else
             if others and found is None:
-                raise BadInput(
-                    f"{self.path} holds files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) and is "
-                    f"not a hermetic scratch root (no {ROOT_MARKER} file): hermetic makes a root only in a missing or "
-                    "empty folder", where=str(self.path),
-                    hint=f"the scratch root comes from {self.named_by}: choose a new folder with --root or "
-                         f"HERMETIC_ROOT (if this folder really is a root whose marker was lost, create an empty "
-                         f"{ROOT_MARKER} file in it)")
+                raise self.unmarked_error(others)
         if found is not None and found > ROOT_FORMAT:
-            raise WorkFailed(f"the scratch root {self.path} has format {found}; this hermetic reads format "
-                             f"{ROOT_FORMAT}", where=str(self.path / ROOT_MARKER),
-                             hint="use a matching hermetic, or another --root")
+            raise self.too_new_error(found)
         if found != ROOT_FORMAT:
             fs.atomic_write(self.path / ROOT_MARKER, MARKER_TEXT)
         refuse_folders(self.folder_problems())
         for d in (self.profiles, self.roots, self.receipts, self.state, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
+
+    def unmarked_error(self, others: list[str]) -> BadInput:
+        """Why a folder holding ``others`` and no marker is no root (ensure's refusal; ``realize --check`` says
+        the same without writing)."""
+        return BadInput(
+            f"{self.path} holds files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}) and "
+            f"{(self.marker_problem() or 'it is not a hermetic scratch root').removeprefix('it ')}: hermetic "
+            "makes a root only in a missing or empty folder", where=str(self.path),
+            hint=f"the scratch root comes from {self.named_by}: choose a new folder with --root or "
+                 f"HERMETIC_ROOT (if this folder really is a root whose marker was lost, create an empty "
+                 f"{ROOT_MARKER} file in it)")
+
+    def too_new_error(self, found: int) -> WorkFailed:
+        return WorkFailed(f"the scratch root {self.path} has format {found}; this hermetic reads format "
+                          f"{ROOT_FORMAT}", where=str(self.path / ROOT_MARKER),
+                          hint="use a matching hermetic, or another --root")
 
     def folder_problems(self) -> list[tuple[Path, str]]:
         """The root's own folders (``LAYOUT``; under state/, the buckets of ``CACHES``) that are no real folder:
@@ -260,15 +310,6 @@ class Root:
                     found.append((self.state / cache.folder, what))
         return found
 
-    def _layout_only(self, names: list[str]) -> bool:
-        """Whether a folder without a marker holds only a root's own folders, its store's format among them: a
-        root copied without its marker, never a mistyped path of someone's files."""
-        try:
-            fmt = fs.read_regular(self.path / "store" / "FORMAT", 256)
-        except (OSError, ValueError):
-            return False
-        return fmt.startswith(b"hermetic-store ") and set(names) <= LAYOUT
-
     def refuse_removal(self) -> None:
         """Why ``gc --all`` must not remove this folder, raised: it is no marked scratch root, or it is /, the
         user's home or a folder holding it, the current folder or one holding it, or a repository checkout."""
@@ -283,9 +324,10 @@ class Root:
             if bad:
                 raise BadInput(f"hermetic gc --all will not remove {self.path}: it is {what}", where=str(self.path),
                                hint=hint)
-        if self.marker_format() is None:
-            raise BadInput(f"hermetic gc --all will not remove {self.path}: it is not a hermetic scratch root (no "
-                           f"{ROOT_MARKER} file)", where=str(self.path), hint=hint)
+        problem = self.marker_problem()
+        if problem is not None:
+            raise BadInput(f"hermetic gc --all will not remove {self.path}: {problem}", where=str(self.path),
+                           hint=hint)
         checkout = self._checkout_inside()
         if checkout is not None:
             raise BadInput(f"hermetic gc --all will not remove {self.path}: it holds a repository checkout, "
@@ -310,9 +352,11 @@ class Root:
 
     @property
     def no_cuda(self) -> Path:
-        """What a child's CUDA_HOME names when hermetic gives it no toolchain: a folder that never exists. Unset,
-        torch (and other tools) would look for nvcc on PATH, then take /usr/local/cuda."""
-        return self.tmp / "no-cuda"
+        """What a child's CUDA_HOME names when hermetic gives it no toolchain: a folder that can never exist. Unset,
+        torch (and other tools) would look for nvcc on PATH, then take /usr/local/cuda. It lies below /dev/null, a
+        device file, so no write can make it (tmp/no-cuda, its earlier place, could be made by any write inside the
+        root, with a planted bin/nvcc that torch then took: outside attack r1, finding 10)."""
+        return Path(NO_CUDA)
 
     def child_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for child processes: every home, temp and cache they may write points inside; no system
@@ -328,11 +372,16 @@ class Root:
                                           if not (d and os.path.isfile(os.path.join(d, "nvcc"))))
         home = self.home
         cache = home / ".cache"
+        # the temp folder is home/tmp, not tmp/: `hermetic env` runs the user's commands unconfined with it,
+        # and home/ is read-only in the sandbox, where tmp/ is not (a stranger's setup.py planted links there
+        # that nvcc, run under `hermetic env`, followed outside the root: the re-attack's B1); a sandboxed
+        # child's moves to its trust domain's home with the rest (procs.Confinement.moved)
+        temp = home / "tmp"
         env.update({
             "HOME": str(home),
-            "TMPDIR": str(self.tmp),
-            "TMP": str(self.tmp),
-            "TEMP": str(self.tmp),
+            "TMPDIR": str(temp),
+            "TMP": str(temp),
+            "TEMP": str(temp),
             "XDG_CACHE_HOME": str(cache),
             "XDG_CONFIG_HOME": str(home / ".config"),
             "XDG_DATA_HOME": str(home / ".local" / "share"),
@@ -348,6 +397,6 @@ class Root:
             "CCACHE_DIR": str(cache / "ccache"),
             "SCCACHE_DIR": str(cache / "sccache"),
         })
-        for d in (home, cache, self.tmp):
+        for d in (home, cache, temp, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         return env

@@ -59,10 +59,21 @@ class TomlDoc:
         return f"{loc}: key {key_text(key_path)}" if key_path else loc
 
 
+INPUT_LIMIT = 64 << 20   # a recipe, lock, runner or hermetic.toml larger than this is no hand-written input
+
+
 def read_input(path: Path, what: str = "file") -> bytes:
-    """The bytes of an input file; a missing or unreadable one is bad input, not a crash."""
+    """The bytes of an input file (a link to one is followed); a missing or unreadable one, a FIFO, a device or
+    a folder (never opened for reading: a FIFO would block) or one past ``INPUT_LIMIT`` is bad input, not a crash
+    or a hang."""
     try:
-        return path.read_bytes()
+        return fs.read_regular(path, INPUT_LIMIT, follow=True)
+    except ValueError:
+        raise BadInput(f"{what} {path} holds more than {INPUT_LIMIT >> 20} MiB: not a file hermetic reads",
+                       where=str(path), hint="name the file itself") from None
+    except fs.NotRegularFile as e:
+        raise BadInput(f"{what} {path} is {e.strerror}", where=str(path),
+                       hint="name a regular file") from None
     except FileNotFoundError:
         raise BadInput(f"{what} not found: {path}", where=str(path),
                        hint="check the path (relative paths are taken from the referring file's folder "
@@ -92,6 +103,9 @@ def parse_toml(path: Path, raw: bytes) -> TomlDoc:
     text = decode_utf8(path, raw, "TOML file")
     try:
         data = tomllib.loads(text)
+    except RecursionError:   # tomllib recurses per nesting level: thousands of [[[ ... ]]] exhaust the stack
+        raise BadInput("invalid TOML: arrays or tables nested too deeply", where=str(path),
+                       hint="no recipe or setting nests more than a few levels") from None
     except tomllib.TOMLDecodeError as e:
         msg = str(e)
         m = re.search(r"\s*\(at line (\d+), column (\d+)\)$", msg)

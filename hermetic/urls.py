@@ -68,7 +68,8 @@ def split_credentials(url: str, where: str) -> tuple[str, tuple[str, str] | None
         raise BadInput(f"the remote cache URL {redact(url)!r} is not an http(s) URL", where=where,
                        hint="for example https://cache.example/hermetic (the folder holding ac/ and cas/)")
     if parts.query or parts.fragment:
-        raise BadInput(f"the remote cache URL {redact(url)!r} has a query or fragment", where=where,
+        shown = redact(urlunsplit(parts._replace(query="", fragment="")))   # a ?token= is never printed
+        raise BadInput(f"the remote cache URL {shown!r} has a query or fragment (not shown)", where=where,
                        hint="give the base folder only: hermetic appends /ac/<key> and /cas/<sha256>")
     auth = None
     netloc = parts.netloc

@@ -240,6 +240,8 @@ WRITE_ALLOWED = {
                                        "it writes one small JSON file, through a temp file renamed into place",
     "hermetic/extensions/distwrap.py": "runs ninja beside sccache's daemon without site or hermetic (python -S); "
                                        "it writes the daemon's statistics once",
+    "hermetic/extensions/distguard.py": "one compile sent to the build cluster, under ninja without site or "
+                                        "hermetic (python -S); it makes an empty mark file once",
     "hermetic/extensions/nvccsplit.py": "one nvcc compile as its steps, under ninja without site or hermetic "
                                         "(python -S); it writes the compile's dependency file, as nvcc -MD does",
     "hermetic/run/pipeline.py": "the worker's log, written line by line while the child prints: a growing log "

@@ -323,3 +323,43 @@ def test_built_closure_moves_and_a_foreign_torch_is_refused(p2p_root: tuple[Path
     p = _hermetic(third, "import", str(foreign), "--trust-unsigned")  # taken: then its host is checked
     assert p.returncode == 3 and "torch=0.0.1" in p.stderr and "Traceback" not in p.stderr
     assert not (third / "store" / "entries").exists() or not any((third / "store" / "entries").iterdir())
+
+
+def test_a_missing_or_moved_toolchain_profile_is_work_to_do(p2p_root: tuple[Path, Path]) -> None:
+    """Attack finding 5: with profiles/<name>.toolchain removed, `--check` said up to date and the realize was a
+    no-op that never made it again (and `hermetic env` then said "run `hermetic realize` first"). The no-op record
+    now holds the toolchain's profile as the realize left it: gone or pointing elsewhere, `--check` exits 4 and a
+    realize makes it again, compiling nothing."""
+    root, _ = p2p_root
+    link = root / "profiles" / "p2p.toolchain"
+    target = os.readlink(link)
+    assert _hermetic(root, "realize", str(P2P), "--check").returncode == 0
+    elsewhere = os.path.relpath(root / "profiles" / "p2p", root / "profiles")   # as a recipe p2p.toolchain would
+    for damage in ("removed", "elsewhere"):
+        link.unlink()
+        if damage == "elsewhere":
+            link.symlink_to(elsewhere)
+        p = _hermetic(root, "realize", str(P2P), "--check")
+        assert p.returncode == 4, (damage, p.stdout, p.stderr)
+        p = _hermetic(root, "realize", str(P2P), "--json")
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert p.result["counts"]["objects_compiled"] == 0, p.result
+        assert os.readlink(link) == target, damage
+        assert _hermetic(root, "realize", str(P2P), "--check").returncode == 0, damage
+        p = _hermetic(root, "env", str(P2P), "--", "sh", "-c", 'test -x "$CUDA_HOME/bin/nvcc" && echo found')
+        assert p.returncode == 0 and p.stdout.strip() == "found", (damage, p.stdout, p.stderr)
+    # a record an older hermetic wrote names no links: its toolchain profile counts while it points at one of
+    # the record's own entries (the upgrade's first realize stays a no-op: test_compat), and nowhere else
+    records = Root(root).cache_dir("realize")
+    for path in records.glob("*.json"):
+        rec = json.loads(path.read_text())
+        if isinstance(rec.get("value"), dict) and rec["value"].get("links"):
+            del rec["value"]["links"]
+            path.write_text(json.dumps(rec))
+    assert _hermetic(root, "realize", str(P2P), "--check").returncode == 0
+    link.unlink()
+    link.symlink_to(elsewhere)
+    assert _hermetic(root, "realize", str(P2P), "--check").returncode == 4
+    link.unlink()
+    assert _hermetic(root, "realize", str(P2P), "--check").returncode == 4
+    assert _hermetic(root, "realize", str(P2P)).returncode == 0 and os.readlink(link) == target

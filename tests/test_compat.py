@@ -124,7 +124,7 @@ def test_a_root_and_a_remote_cache_written_by_the_base_commit_are_read_unchanged
     # this checkout: nothing fetched, compiled, linked or rewritten (new blobs at most: a certificate)...
     rc, first, err = hermetic(None, root, tmp_path / "home-a", "realize", recipe, env={"PIP_NO_INDEX": "1"})
     assert rc == 0, err
-    assert first["changed"] is False and first["tree"] == old["tree"]
+    assert first["changed"] is False and first["tree"] == old["tree"], (first, err[-3000:])
     assert first["counts"]["fetched"] == 0 and first["counts"].get("objects_compiled", 0) == 0  # type: ignore[index,union-attr]
     after = store_listing(root)
     assert before.items() <= after.items(), "a file of the store was rewritten or removed"

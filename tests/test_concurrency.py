@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -15,7 +14,7 @@ from pathlib import Path
 from hermetic.extensions.certificate import read_certificate
 from hermetic.store import Store
 from tests.support import cli
-from tests.support.builds import Project
+from tests.support.builds import Project, linked_root
 from tests.support.cli import REPO, Hermetic
 from tests.support.index import LoopbackIndex
 from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
@@ -126,12 +125,7 @@ def test_gc_between_plan_and_delete_never_deletes_what_a_realize_uses(tmp_path: 
 def test_gc_in_a_loop_during_a_build(tmp_path: Path, shared_root: Path) -> None:
     """gc runs again and again while a cold build publishes objects, a module and trees not yet rooted."""
     proj = Project(tmp_path / "p", "gcloop", shared_root)
-    root = tmp_path / "root"
-    shutil.copytree(shared_root / "store", root / "store", symlinks=True, copy_function=os.link)
-    for folder in ("roots", "profiles", "state"):
-        if (shared_root / folder).exists():
-            shutil.copytree(shared_root / folder, root / folder, symlinks=True)
-    proj.root = root
+    root = proj.root = linked_root(shared_root, tmp_path / "root")
     stop = threading.Event()
     runs: list[int] = []
 

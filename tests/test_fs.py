@@ -483,6 +483,45 @@ def test_process_scratch_dir_is_one_per_process_gone_at_exit_and_swept_after_a_k
     assert not left.exists()
 
 
+FOLDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from hermetic import fs
+    a = fs.folder_for_this_process(Path(sys.argv[1]), "once-")
+    assert fs.folder_for_this_process(Path(sys.argv[1]), "once-") == a
+    (a / "child-wrote").write_text("x")
+    print(a, flush=True)
+    if sys.argv[2] == "hang":
+        sys.stdin.readline()
+""")
+
+
+def test_a_folder_for_this_process_is_gone_at_exit_and_the_next_one_sweeps_one_a_kill_left(tmp_path: Path) -> None:
+    def start(how: str) -> tuple[subprocess.Popen[str], Path]:
+        p = subprocess.Popen([sys.executable, "-c", FOLDER, str(tmp_path), how], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)
+        assert p.stdout is not None
+        return p, Path(p.stdout.readline().strip())
+
+    done, first = start("exit")
+    assert done.wait(timeout=60) == 0 and not first.exists()
+    killed, left = start("hang")
+    living, alive = start("hang")
+    killed.kill()
+    killed.wait(timeout=30)
+    assert left.is_dir()   # kill -9 runs no exit handler
+    assert fs.sweep_process_folders(tmp_path, "once-") == [left]   # the living one's lock is held: kept
+    killed, left = start("hang")
+    killed.kill()
+    killed.wait(timeout=30)
+    done, first = start("exit")   # a new one sweeps first
+    assert done.wait(timeout=60) == 0
+    assert sorted(tmp_path.iterdir()) == [alive]
+    assert living.stdin is not None
+    living.stdin.close()
+    assert living.wait(timeout=60) == 0 and not alive.exists()
+
+
 # --- derived caches -----------------------------------------------------------------------------------------------
 
 
@@ -555,3 +594,28 @@ def test_a_read_only_fingerprint_table_is_never_saved(tmp_path: Path) -> None:
     table.put(str(f), fp, ["h"])
     table.save()
     assert not (tmp_path / "t.json").exists() and table.get(str(f))[1] == ["h"]
+
+
+def test_a_link_where_a_folder_belongs_is_named_a_link_not_a_file(tmp_path: Path) -> None:
+    """Outside attack r1, finding 2 (t_index_link.sh) and U (u_src_folder.sh): a folder hermetic opens without
+    following links (store/index/XY/<lookup>, build/<recipe>/<variant>/src) planted as a link to a folder. Before,
+    the error said "a folder on the path is a file, not a folder"; it is a link, and says where it points."""
+    from hermetic.errors import path_error
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    lookup = tmp_path / "index" / "c9" / "c9abc"
+    lookup.parent.mkdir(parents=True)
+    lookup.symlink_to(outside)
+    with pytest.raises(OSError) as raised:
+        fs.atomic_symlink("../../entries/x", lookup / "x-obj")
+    err = path_error(raised.value)
+    assert err is not None and err.exit_code == 2, err
+    text = err.render()
+    assert f"{lookup} is a symbolic link to {outside}" in text and "verify --repair" in text, text
+    assert "is a file" not in text and not list(outside.iterdir())
+    plain = tmp_path / "plain"   # a file on the path is still said as one
+    plain.write_text("x")
+    with pytest.raises(OSError) as raised:
+        fs.open_dir(plain / "sub")
+    text = path_error(raised.value).render()  # type: ignore[union-attr]
+    assert f"{plain} is a file, not a folder" in text, text

@@ -28,6 +28,7 @@ from hermetic.store import Store
 from tests.support.cli import REPO, Hermetic
 from tests.support.recipes import write_recipe
 from tests.support.tmpfs import small_tmpfs
+from tests.support.trees import plant_special
 
 
 def _store_tmp_empty(root: Path) -> bool:
@@ -84,13 +85,7 @@ def test_a_fifo_or_a_socket_in_a_source_folder_is_refused_naming_it(tmp_path: Pa
     (folder / "inc").mkdir(parents=True)
     (folder / "tiny.cpp").write_text("int tiny() { return 1; }\n")
     special = folder / "inc" / "pipe.h"
-    if kind == "fifo":
-        os.mkfifo(special)
-    else:
-        import socket
-        s = socket.socket(socket.AF_UNIX)
-        s.bind(str(special))
-        s.close()
+    plant_special(special, kind)
     script = (
         "import sys\n"
         "from pathlib import Path\n"

@@ -118,10 +118,14 @@ def test_a_lock_file_of_another_user_is_used_and_never_chmodded(tmp_path: Path) 
         mine.release()
 
 
-def test_a_new_lock_folder_is_made_sticky_and_never_chmodded_through_a_link(tmp_path: Path) -> None:
-    """take_lock makes a missing lock folder 1777 through the descriptor of the folder it made; a name that is
-    already there (a link, say) is not chmodded."""
+def test_a_new_lock_folder_is_made_sticky_and_never_chmodded_through_a_link(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """take_lock makes a missing default lock folder 1777 through the descriptor of the folder it made (a folder
+    a setting names is never made: tests/test_config.py); a name that is already there (a link, say) is not
+    chmodded."""
+    from hermetic.run import devices
     fresh = tmp_path / "run" / "lock" / "hermetic"
+    monkeypatch.setattr(devices, "DEFAULT_LOCK_DIRS", (str(fresh),))   # where the machine's default would be
     _take(fresh, "cpu-x.lock").release()
     assert stat.S_IMODE(os.lstat(fresh).st_mode) == 0o1777
     elsewhere = tmp_path / "elsewhere"

@@ -182,3 +182,20 @@ def test_a_context_diff_leading_out_is_refused_at_its_header(tmp_path: Path, hea
     with pytest.raises(BadInput) as caught:
         check_patch("\n".join(lines) + "\n", Path("p.patch"))
     assert "outside the source tree" in caught.value.what and caught.value.where == f"p.patch:{at + 1}"
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap is not installed here")
+def test_patch_in_the_sandbox_writes_its_staging_folder_though_the_store_is_read_only(tmp_path: Path) -> None:
+    """Inside the sandbox the store is read-only (issue 41, F2); patch alone gets the staging folder of the
+    entry it patches bound writable, and the patched tree is published as outside the sandbox. (Without that
+    bind this failed: patch met EROFS in store/tmp.)"""
+    from hermetic.sandbox import choose
+    root, store, src = _source(tmp_path)
+    patch = tmp_path / "change.patch"
+    patch.write_text(_git_patch(tmp_path / "git", "echo 'int a2;' >> a.cpp"))
+    sb = choose(root, "required", "--sandbox", tmp_path / "locks")
+    assert sb.used and str(root.store) in sb.record()["read_only"]
+    with sb.confined():
+        tree = realize_source(root, store, src, (patch,), Reporter(quiet=True))
+    out = store.entry_path(tree.entry) / "out"  # type: ignore[attr-defined]
+    assert (out / "a.cpp").read_text() == "int a;\nint a2;\n"

@@ -7,6 +7,7 @@ the import check) cancelled stops at once, even one whose process had not starte
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -213,3 +214,130 @@ def test_a_process_a_child_detaches_does_not_outlive_it(tmp_path: Path, where: W
     else:       # found by its mark, stopped, and kept for the audit
         assert found and all(e.left_by == script.name for e in found), found
         assert any("3559" in e.command or "sleep 1" in e.command for e in found), found
+
+
+def test_a_child_flooding_one_endless_line_costs_hermetic_bounded_memory(tmp_path: Path) -> None:
+    """Outside attack on issue 41, F8: setup.py printing 800 MB without a newline pushed hermetic (outside the
+    sandbox) to 2.5 GB. Output is read in pieces of procs.MAX_LINE at most and the tail keeps 4000 characters a
+    line: 400 MB of one line costs well under 100 MB more than hermetic itself."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import resource, sys\n"
+        "from hermetic.procs import Limits, run_limited\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "seen = [0]\n"
+        "def on_line(line):\n"
+        "    seen[0] += len(line)\n"
+        "rc, tail = run_limited([sys.executable, '-c', 'import os\\nb = b\"x\" * (1 << 20)\\n"
+        "for _ in range(400): os.write(1, b)'], cwd='.', env={'PATH': '/usr/bin:/bin'}, limits=Limits(),\n"
+        "                       on_line=on_line)\n"
+        "grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base\n"
+        "print(rc, seen[0], max(map(len, tail)), grew)\n")
+    p = __import__("subprocess").run([sys.executable, str(probe)], capture_output=True, text=True, cwd=tmp_path,
+                                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                                     timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rc, seen, longest, grew_kib = map(int, p.stdout.split())
+    assert (rc, seen) == (0, 400 << 20)
+    assert longest <= procs.TAIL_LINE + 4 and grew_kib < 100 * 1024, (longest, grew_kib)
+
+
+def test_a_probes_result_longer_than_a_tail_line_is_read_whole(tmp_path: Path) -> None:
+    """The tail keeps procs.TAIL_LINE characters a line; a probe's result line is taken whole (an interpreter's
+    probe answers ~4 KB of JSON: cut at the tail's limit, every realize naming another interpreter failed with
+    an internal JSONDecodeError)."""
+    value = "y" * (procs.TAIL_LINE * 5)
+    code = f"import json; print('noise'); print({procs.RESULT_MARK!r} + json.dumps({{'v': {value!r}}}))"
+    result, text = procs.run_probe([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"}, cwd=str(tmp_path))
+    assert result == {"v": value} and text == "noise"
+
+
+def test_setup_pys_output_in_many_long_lines_costs_hermetic_bounded_memory(tmp_path: Path) -> None:
+    """The re-attack on issue 41, R4: recipe new kept setup.py's last 400 lines whole, so 800 lines of 1 MB grew
+    hermetic by 800 MB. The capture keeps them cut as the tail's (procs.TAIL_LINE): 300 lines of 1 MB cost well
+    under 100 MB, and the capture still says it found no record."""
+    flood = tmp_path / "flood"
+    flood.write_text("#!/bin/sh\nexec python3 -c 'import os\nb = b\"x\" * (1 << 20) + b\"\\n\"\n"
+                     "for _ in range(300): os.write(1, b)'\n")
+    flood.chmod(0o755)
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from hermetic.extensions.derive import run_capture\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        "    run_capture(sys.argv[1], Path('.'), {'PATH': '/usr/bin:/bin'}, 'none', '')\n"
+        "    said = 'none'\n"
+        "except Exception as e:\n"
+        "    said = type(e).__name__ + ('-0-records' if 'gave 0 records' in str(e) else '')\n"
+        "print(said, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base)\n")
+    p = __import__("subprocess").run([sys.executable, str(probe), str(flood)], capture_output=True, text=True,
+                                     cwd=tmp_path, timeout=300,
+                                     env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    said, grew_kib = p.stdout.split()
+    assert said == "BadInput-0-records" and int(grew_kib) < 100 * 1024, (said, grew_kib)
+
+
+def test_hermetics_own_helpers_never_load_bytecode_from_the_childrens_cache(tmp_path: Path) -> None:
+    """The re-attack's B2: a compile planted a forged .pyc of the standard library's json in the bytecode cache
+    (PYTHONPYCACHEPREFIX) its domain's children share; the limits shim of the next child (python -S, which
+    imports json) loaded it and changed that child's command. hermetic's helpers run with -E: the forged .pyc,
+    valid for json's source, is never loaded; a child that is Python itself still uses the cache."""
+    import importlib.util
+    import json as real_json
+    from importlib._bootstrap_external import _code_to_timestamp_pyc  # type: ignore[attr-defined]
+    source = Path(real_json.__file__)
+    mark = tmp_path / "payload-ran"
+    code = compile(f"open({str(mark)!r}, 'a').write('ran\\n')\n" + source.read_text(), str(source), "exec")
+    st = source.stat()
+    prefix = tmp_path / "pycache"
+    cached = Path(importlib.util.cache_from_source(str(source)).replace("/__pycache__", ""))
+    forged = prefix / str(cached).lstrip("/")
+    forged = forged.with_name(f"__init__.{sys.implementation.cache_tag}.pyc")
+    forged.parent.mkdir(parents=True)
+    forged.write_bytes(_code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPYCACHEPREFIX": str(prefix)}
+    rc, _tail = run_limited(["/bin/true"], cwd=str(tmp_path), env=env, limits=Limits(), on_line=lambda _line: None)
+    assert rc == 0 and not mark.exists()
+    # nor a json.py in the current folder (a build folder a child writes: the final re-attack's B2b); nor
+    # does a probe (PYC_GUARD's programs: the import check, the torch probe) import from there
+    cwd = tmp_path / "build"
+    cwd.mkdir()
+    (cwd / "json.py").write_text(f"open({str(mark)!r}, 'a').write('cwd\\n')\n")
+    rc, _tail = run_limited(["/bin/true"], cwd=str(cwd), env=env, limits=Limits(), on_line=lambda _line: None)
+    assert rc == 0 and not mark.exists()
+    result, _text = procs.run_probe([sys.executable, "-E", "-c", procs.PYC_GUARD + "import json\nprint("
+                                     f"{procs.RESULT_MARK!r} + json.dumps(1))"], env={"PATH": "/usr/bin:/bin"},
+                                    cwd=str(cwd))
+    assert result == 1 and not mark.exists()
+    # the control: a Python child that imports json does load it (the forgery is a real one)
+    rc, _tail = run_limited([sys.executable, "-c", "import json"], cwd=str(tmp_path), env=env, limits=Limits(),
+                            on_line=lambda _line: None)
+    assert rc == 0 and mark.read_text() == "ran\n"
+
+
+def test_a_refused_write_names_the_path_the_child_was_refused(tmp_path: Path) -> None:
+    """How programs say EROFS: the shell names the path before the words, Python after them. A line that names
+    other files first (setup.py's capture record, printed whole and JSON-escaped, naming capture.py in its frames)
+    still names the refused path (41 N4: the message named capture.py for a write into the kernel cache)."""
+    from hermetic.procs import refused_write
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "state").mkdir(parents=True)
+    outside.mkdir()
+    script, planted = outside / "capture.py", root / "state" / "kernels" / "planted.py"
+    script.write_text("")
+    writable, read_only = [str(root)], [str(root / "state")]
+    assert refused_write(f"sh: 1: cannot create {outside}/x: Read-only file system", writable) == f"{outside}/x"
+    assert refused_write(f"sh: 1: cannot create {outside}/sp ace: Read-only file system", writable) == \
+        f"{outside}/sp ace"   # dash names it bare (attack47 row 8: named {outside}/sp)
+    assert refused_write(f"bash: {outside}/a b c: Read-only file system", writable) == f"{outside}/a b c"
+    assert refused_write(f"OSError: [Errno 30] Read-only file system: '{outside}/y'", writable) == f"{outside}/y"
+    record = json.dumps({"frames": [{"file": str(script), "line": 3}],
+                         "error": f"[Errno 30] Read-only file system: '{planted}'"})
+    assert refused_write(json.dumps(record), writable, read_only) == str(planted)   # escaped twice, as printed
+    assert refused_write(record, writable, read_only) == str(planted)
+    assert refused_write(f"{script}: Read-only file system", writable) == str(script)
+    assert refused_write(f"{root}/ok: Read-only file system", writable) is None   # a writable place: not ours
+    assert refused_write(f"cannot create {outside}/z", writable) is None

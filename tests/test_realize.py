@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hermetic.root import NO_CUDA
 from tests.support.cli import Hermetic
 from tests.support.index import LoopbackIndex, dead_url
 from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
@@ -210,13 +211,40 @@ def test_env_shows_no_system_cuda_and_each_folder_once(tmp_path: Path, hermetic:
     r = hermetic("env", recipe, "--", "python", "-c", CUDA_PROBE, env=caller)
     assert r.rc == 0, r.err
     cuda_home, nvcc = r.out.split()
-    assert cuda_home == str(hermetic.root / "tmp" / "no-cuda") and not os.path.exists(cuda_home)
+    assert cuda_home == NO_CUDA and not os.path.exists(cuda_home)
     assert nvcc == "None" and "/usr/local" not in r.out + r.err
     printed = hermetic("env", recipe, "--json", env=caller, check=True).result["env"]
     assert printed["CUDA_HOME"] == printed["CUDA_PATH"] == cuda_home
     path = printed["PATH"].split(os.pathsep)
     assert path.count(venv_bin) == 1 and str(system / "bin") not in path
     assert path[0] == str(hermetic.root / "profiles" / "env1" / "bin")
+    # its temp folder is in home/, which sandboxed children cannot write (the re-attack's B1: links planted in
+    # tmp/ by a stranger's setup.py were followed by nvcc run under env, outside the root)
+    temps = hermetic("env", recipe, "--", "sh", "-c", 'echo "$TMPDIR $TMP $TEMP"', check=True).out.split()
+    assert temps == [str(hermetic.root / "home" / "tmp")] * 3, temps
+
+
+def test_a_planted_no_cuda_folder_is_never_what_a_child_sees(tmp_path: Path, hermetic: Hermetic,
+                                                               index: LoopbackIndex) -> None:
+    """Outside attack r1, finding 10 (s_nocuda.sh): CUDA_HOME without a toolchain named ROOT/tmp/no-cuda, "a
+    folder that never exists", which any write inside the root could make: a planted tmp/no-cuda/bin/nvcc was
+    the CUDA torch took in `hermetic env` (a CUDA extension built there would run it). Now CUDA_HOME names a
+    folder below /dev/null, which nothing can make; the planted one is not seen."""
+    a = make_pkg(tmp_path / "whl", "alpha", "1.0")
+    index.add(a.path)
+    recipe = write_recipe(tmp_path / "r", "env1", pip_lock_line(a))
+    hermetic("realize", recipe, check=True)
+    planted = hermetic.root / "tmp" / "no-cuda" / "bin" / "nvcc"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("#!/bin/sh\necho PLANTED-NVCC\n")
+    planted.chmod(0o755)
+    r = hermetic("env", recipe, "--", "python", "-c", CUDA_PROBE)
+    assert r.rc == 0, r.err
+    cuda_home, nvcc = r.out.split()
+    assert cuda_home == NO_CUDA and not os.path.exists(cuda_home) and nvcc == "None", r.out
+    assert "no-cuda" not in (r.out + r.err).replace(NO_CUDA, ""), r.out + r.err
+    with pytest.raises(OSError):   # nothing can make it
+        os.makedirs(os.path.join(NO_CUDA, "bin"))
 
 
 GATED = ("import os, sys, time\n"
@@ -314,3 +342,121 @@ def test_a_cpus_list_naming_cpus_this_machine_lacks_warns_which(tmp_path: Path, 
     assert r.rc == 0, r.err
     warned = [ln for ln in r.err.splitlines() if "4090-4095" in ln]
     assert warned and "limits.cpus" in warned[0] and f"the children run on CPU {have[0]}" in warned[0], r.err
+
+
+def _two_owners(tmp_path: Path, shared_root: Path) -> tuple[Path, Path]:
+    """A root of its own with the session's toolchain, and a folder holding a recipe named ``ownerfix.feature`` (a
+    toolchain only): the name of recipe ``ownerfix``'s variant ``feature`` (tests.support.builds.Project)."""
+    from tests.support.builds import linked_root
+    from tests.support.recipes import recipe_toml
+    root = linked_root(shared_root, tmp_path / "root")
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "manifests" / "cuda-13.0-toolchain.txt", other)
+    (other / "recipe.toml").write_text(recipe_toml("ownerfix.feature", toolchain=True))
+    return root, other
+
+
+def test_a_recipe_named_like_another_recipes_variant_is_refused_before_it_replaces_its_profile(
+        tmp_path: Path, shared_root: Path) -> None:
+    """Recipe ``ownerfix``'s variant ``feature`` and a recipe named ``ownerfix.feature`` realize under one name: the
+    second is exit 2 naming the first's recipe, the key and the way out, its profile left as it was. (Before, the
+    second replaced the first's profile and gc root without a word.)"""
+    from tests.support import cli
+    from tests.support.builds import Project
+    root, other = _two_owners(tmp_path, shared_root)
+    env = dict(os.environ)
+    first = cli.run(root, "realize", other / "recipe.toml", env=env)
+    assert first.rc == 0, first.err[-3000:]
+    profile = root / "profiles" / "ownerfix.feature"
+    before = os.readlink(profile)
+    proj = Project(tmp_path / "p", "ownerfix", root)
+    second = proj.realize("--variant", "feature", check=False)
+    assert second.rc == 2, second.err[-3000:]
+    line = next(i for i, t in enumerate(proj.recipe.read_text().splitlines(), 1) if t == "[variants.feature]")
+    assert (f"the root ownerfix.feature is recipe ownerfix.feature ({other / 'recipe.toml'}): realizing recipe "
+            f"ownerfix's variant feature would replace its profile {profile}") in second.err, second.err
+    assert f"{proj.recipe}:{line}" in second.err and "gc --drop-root ownerfix.feature" in second.err
+    assert os.readlink(profile) == before and not (root / "build" / "ownerfix").exists()
+    assert json.loads((root / "roots" / "ownerfix.feature.json").read_text())["owner"] == \
+        {"recipe": "ownerfix.feature", "variant": ""}
+    again = cli.run(root, "realize", other / "recipe.toml", env=env)   # its own name: still a no-op
+    assert again.rc == 0 and os.readlink(profile) == before, again.err[-3000:]
+    for how in ("--check", "--dry-run"):   # both say what a realize would say (attack47 row 11: exit 4 and 0)
+        said = cli.run(root, "realize", proj.recipe, "--variant", "feature", how, env=env)
+        assert said.rc == 2 and "would replace its profile" in said.err, (how, said.rc, said.err[-2000:])
+    # a root an older hermetic wrote has no owner: its recipe file still says whose it is (attack47 row 4)
+    record_path = root / "roots" / "ownerfix.feature.json"
+    record = json.loads(record_path.read_text())
+    del record["owner"]
+    record_path.write_text(json.dumps(record))
+    second = proj.realize("--variant", "feature", check=False)
+    assert second.rc == 2 and "would replace its profile" in second.err, second.err[-3000:]
+    assert os.readlink(profile) == before
+    moved = other / "recipe.toml.away"   # its recipe file gone: whose root it is cannot be told (re-attack B3)
+    (other / "recipe.toml").rename(moved)
+    unknown = proj.realize("--variant", "feature", check=False)
+    assert unknown.rc == 2 and "cannot be told" in unknown.err and "gc --drop-root ownerfix.feature" in unknown.err, \
+        unknown.err[-3000:]
+    assert os.readlink(profile) == before
+    moved.rename(other / "recipe.toml")
+    noop = cli.run(root, "realize", other / "recipe.toml", env=env)   # its own recipe's no-op: the owner written
+    assert noop.rc == 0 and "up to date" in noop.err, noop.err[-3000:]
+    assert json.loads(record_path.read_text())["owner"] == {"recipe": "ownerfix.feature", "variant": ""}
+    # a malformed owner is a bad record (attack47 row 5: taken as none, and verify said all valid)
+    for bad in (None, "ownerfix", ["ownerfix"], {"recipe": "ownerfix"}, {"recipe": "x\ny", "variant": ""}):
+        record_path.write_text(json.dumps({**record, "owner": bad}))
+        refused = proj.realize("--variant", "feature", check=False)
+        assert refused.rc == 2 and "its 'owner' is malformed" in refused.err and str(record_path) in refused.err, \
+            (bad, refused.err[-2000:])
+        assert os.readlink(profile) == before
+        found = cli.run(root, "verify", "--json", env=env)
+        assert found.rc == 1 and "its 'owner' is malformed" in found.out, (bad, found.out[-2000:])
+    # `hermetic env` of a recipe whose name is another recipe's variant profile: not realized (attack47 row 6)
+    record_path.write_text(json.dumps({**record, "owner": {"recipe": "ownerfix", "variant": "feature"}}))
+    shown = cli.run(root, "env", other / "recipe.toml", env=env)
+    assert shown.rc == 3 and "its profile is recipe ownerfix's variant feature's" in shown.err, shown.err[-2000:]
+
+
+def test_two_recipes_of_one_name_realized_together_leave_one_owner(tmp_path: Path, shared_root: Path) -> None:
+    """attack47 (5b): recipe ``ownerfix``'s variant ``feature`` and a recipe named ``ownerfix.feature`` started
+    together both passed validation (no root yet) and both exited 0, the last one's profile winning. The owner is
+    checked again at the end under the name's lock: with both held there until they wait together, exactly one
+    exits 0 and the other 2, and the root and profile are the winner's."""
+    import fcntl
+    import time
+
+    from tests.support import cli
+    from tests.support.builds import Project
+    root, other = _two_owners(tmp_path, shared_root)
+    env = dict(os.environ)
+    proj = Project(tmp_path / "p", "ownerfix", root)
+    lock = root / "store" / "locks" / "root-ownerfix.feature.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    procs = [cli.popen(root, "realize", other / "recipe.toml", "--json", env=env),
+             cli.popen(root, "realize", proj.recipe, "--variant", "feature", "--json", env=env)]
+    try:
+        inode = f":{os.fstat(held).st_ino} "
+        end = time.monotonic() + 600
+        while sum(1 for line in Path("/proc/locks").read_text().splitlines() if "->" in line and inode in line) < 2:
+            assert all(p.poll() is None for p in procs), [p.communicate()[1][-2000:] for p in procs]
+            assert time.monotonic() < end, "the two realizes never both waited at the end"
+            time.sleep(0.1)
+        # neither has pointed the profile anywhere yet: that waits for the owner check under the lock (the
+        # re-attack's B4: a realize refused there had already replaced the other's profile at materialize)
+        assert not os.path.lexists(root / "profiles" / "ownerfix.feature")
+    finally:
+        os.close(held)   # both go on, one after the other
+    results = [(p.wait(timeout=600), p.communicate()) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], [(rc, err[-2000:]) for rc, (_out, err) in results]
+    winner = next(i for i, (rc, _) in enumerate(results) if rc == 0)
+    loser_err = results[1 - winner][1][1]
+    assert "would replace its profile" in loser_err, loser_err[-2000:]
+    owner = json.loads((root / "roots" / "ownerfix.feature.json").read_text())["owner"]
+    assert owner == ({"recipe": "ownerfix.feature", "variant": ""} if winner == 0 else
+                     {"recipe": "ownerfix", "variant": "feature"})
+    tree = json.loads(results[winner][1][0].splitlines()[-1])["tree"]
+    assert os.readlink(root / "profiles" / "ownerfix.feature").split("/")[-2] == tree

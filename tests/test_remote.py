@@ -367,8 +367,11 @@ def test_the_server_stopped_in_the_middle_of_a_build_leaves_a_correct_build(team
         team.server.start()
 
 
-def _wait_for_compiler(root: Path, proc: subprocess.Popen[str]) -> None:
-    """Until a compiler of this build runs (its command names files under the root)."""
+def _wait_for_compiler(root: Path, proc: subprocess.Popen[str], source: str = "kern.cu") -> None:
+    """Until nvcc compiles ``source`` in this build (its command names files under the root). Any nvcc is not
+    enough: nvcc also answers the toolchain's probe (`--version`, when its cached answer is stale) before the
+    plan asks the remote cache, and stopping the server then could turn every lookup into a miss (CI at
+    c5373fe failed so, once)."""
     needle = str(root).encode()
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -376,8 +379,9 @@ def _wait_for_compiler(root: Path, proc: subprocess.Popen[str]) -> None:
             if not pid.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if needle in cmd and any(t in cmd.split(b"\0")[0] for t in (b"nvcc", b"cicc", b"ptxas", b"cudafe")):
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if (os.path.basename(argv[0]) == b"nvcc" and any(needle in a for a in argv)
+                        and any(a.endswith(source.encode()) for a in argv)):
                     return
         time.sleep(0.01)
     raise AssertionError(f"no compiler of this build was seen (realize exited {proc.poll()})")

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from hermetic.root import MARKER_TEXT, ROOT_MARKER, Root
 from tests.support.archives import honest_records, write_archive
 from tests.support.cli import Hermetic
+from tests.support.recipes import make_pkg, pip_lock_line, write_recipe
 
 OLD_MARKER = b"This folder is a hermetic scratch root. `hermetic gc --all` removes it.\n"
 
@@ -86,13 +90,20 @@ def test_an_earlier_hermetics_marker_is_upgraded_on_the_next_write(tmp_path: Pat
     assert (root / ROOT_MARKER).read_bytes() == MARKER_TEXT and Root(root).marker_format() == 1
 
 
-def test_a_root_copied_without_its_marker_is_still_a_root_and_a_look_alike_is_not(tmp_path: Path,
-                                                                                 hermetic: Hermetic) -> None:
-    """Only a root's own folders, with the store's FORMAT: taken as a root whose marker was lost. A folder named
-    store without that file beside someone's files is not."""
+def test_a_root_copied_without_its_marker_is_refused_until_an_empty_marker_is_made(tmp_path: Path,
+                                                                                   hermetic: Hermetic) -> None:
+    """Only the marker makes a root (outside attack r1, finding 3: a folder holding only a root's own folder names
+    and a store/FORMAT was taken as a root whose marker was lost, so a planted FORMAT made one of someone's
+    files). A root copied without its marker is refused, the hint saying to create an empty one; with it, it is
+    a root again (an earlier marker, upgraded)."""
     copied = tmp_path / "copied"
     hermetic("import", _archive(tmp_path), root=copied, check=True)
     (copied / ROOT_MARKER).unlink()
+    before = _contents(copied)
+    res = hermetic("import", _archive(tmp_path), root=copied)
+    assert res.rc == 2 and "not a hermetic scratch root" in res.err and f"empty {ROOT_MARKER}" in res.err, res.err
+    assert _contents(copied) == before
+    (copied / ROOT_MARKER).write_bytes(b"")
     assert hermetic("import", _archive(tmp_path), root=copied).rc == 0 and Root(copied).marker_format() == 1
     lookalike = tmp_path / "lookalike"
     before = _user_folder(lookalike)
@@ -100,6 +111,68 @@ def test_a_root_copied_without_its_marker_is_still_a_root_and_a_look_alike_is_no
     before = _contents(lookalike)
     res = hermetic("import", _archive(tmp_path), root=lookalike)
     assert res.rc == 2 and "not a hermetic scratch root" in res.err and _contents(lookalike) == before
+
+
+def _planted_store(folder: Path) -> dict[str, bytes]:
+    """The attacker's folder (repro3_gc_nonroot.sh): a user's files in folders named as a root's, under a
+    planted store/FORMAT, back-dated past every grace period."""
+    for d in ("state/models-v0", "state/realize-v0", "state/notes", "store/tmp/drafts", "store/tmp/entry-1",
+              "store/trash/t"):
+        (folder / d).mkdir(parents=True)
+        (folder / d / "file.txt").write_text("precious\n")
+    (folder / "store" / "FORMAT").write_text("hermetic-store 1\n")
+    old = time.time() - 3 * 86400
+    for p in folder.rglob("*"):
+        os.utime(p, (old, old))
+    return _contents(folder)
+
+
+def _lock_only_recipe(tmp_path: Path) -> Path:
+    wheel = make_pkg(tmp_path / "whl", "lk", "1.0")
+    return write_recipe(tmp_path / "recipe", "lk", pip_lock_line(wheel))
+
+
+@pytest.mark.parametrize("marker", ["none", "fifo", "folder", "symlink"])
+def test_no_command_adopts_or_collects_in_a_folder_without_a_marker(marker: str, tmp_path: Path,
+                                                                    hermetic: Hermetic) -> None:
+    """Outside attack r1, finding 3: realize took such a folder as a root (writing its marker and state), and
+    plain gc, gc --drop-root and verify --repair deleted the user's state/*-v0 and store/tmp folders (only
+    gc --all checked the marker). Now each is exit 2 with gc --all's words, and the folder is left as it was,
+    whatever stands where the marker belongs: nothing, a FIFO, a folder, a link to a real root's marker."""
+    folder = tmp_path / "project"
+    _planted_store(folder)
+    real = tmp_path / "real-root"
+    hermetic("import", _archive(tmp_path), root=real, check=True)
+    where = folder / ROOT_MARKER
+    if marker == "fifo":
+        os.mkfifo(where)
+    elif marker == "folder":
+        where.mkdir()
+    elif marker == "symlink":
+        where.symlink_to(real / ROOT_MARKER)
+    before = _contents(folder)
+    recipe = _lock_only_recipe(tmp_path)
+    for args in (("realize", recipe), ("gc",), ("gc", "--drop-root", "lk"), ("verify",), ("verify", "--repair"),
+                 ("gc", "--all"), ("env", recipe)):
+        res = hermetic(*args, root=folder, timeout=60)
+        assert res.rc == 2, (args, res.rc, res.err)
+        assert "not a hermetic scratch root" in res.err and str(folder) in res.err, (args, res.err)
+        assert "Traceback" not in res.err, res.err
+        assert _contents(folder) == before, args
+
+
+@pytest.mark.parametrize("text", [b"", OLD_MARKER, b"hello\n"])
+def test_an_earlier_marker_is_a_marker_for_every_command(text: bytes, tmp_path: Path, hermetic: Hermetic) -> None:
+    """An earlier marker, a regular HERMETIC_ROOT naming no format (empty, an earlier hermetic's text, any text),
+    is a root of format 0 for gc, verify and repair as for realize and gc --all (docs/layout.md)."""
+    root = tmp_path / "old"
+    hermetic("import", _archive(tmp_path), root=root, check=True)
+    (root / ROOT_MARKER).write_bytes(text)
+    assert Root(root).marker_format() == 0
+    for args in (("verify",), ("gc",), ("verify", "--repair")):
+        res = hermetic(*args, root=root)
+        assert res.rc == 0, (args, res.rc, res.err)
+    assert hermetic("gc", "--all", root=root).rc == 0 and not root.exists()
 
 
 def test_roots_made_at_once_in_one_empty_folder_all_succeed(tmp_path: Path) -> None:

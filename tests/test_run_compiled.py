@@ -170,6 +170,34 @@ print(json.dumps({s.name: s.record() for s in (whole, broken, off)}))
     assert rec["off"]["status"] == "eager-fallback" and rec["off"]["graph_runs"] == 0
 
 
+LINKED_KEY = """
+import os, sys, torch
+from hermetic.run.compiling import cache_key, package_version, use_kernel_caches
+base, other = sys.argv[1:3]
+key = cache_key(torch.__version__, torch.version.cuda, package_version("triton"),
+                f"{sys.version_info[0]}.{sys.version_info[1]}", torch.backends.cpu.get_cpu_capability())
+os.makedirs(os.path.join(other, key, "inductor"))
+open(os.path.join(other, key, "inductor", "theirs.py"), "w").close()
+os.makedirs(base)
+os.symlink(os.path.join("..", os.path.basename(other), key), os.path.join(base, key))   # planted by base's own run
+caches = use_kernel_caches(base)
+print(os.path.realpath(caches["variables"]["TORCHINDUCTOR_CACHE_DIR"]))
+"""
+
+
+def test_a_link_in_a_runners_own_kernel_cache_never_leads_to_another_runners(tmp_path: Path) -> None:
+    """attack47 (row 10): a runner's measuring process planted, in its own cache, a link at a key not yet used
+    to another runner's folder of that key; its next run with that key loaded the other's kernels. The link is
+    now removed and a folder made in its place."""
+    base, other = tmp_path / "kernels" / "run-ra", tmp_path / "kernels" / "run-rb"
+    p = subprocess.run([sys.executable, "-c", LINKED_KEY, str(base), str(other)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    folder = Path(p.stdout.strip())
+    assert folder.is_relative_to(base.resolve()) and not any(folder.iterdir()), folder
+    assert [f.name for f in other.rglob("*.py")] == ["theirs.py"]
+
+
 # whole runs ------------------------------------------------------------------------------------------------
 def test_the_kernel_cache_is_inside_the_root_and_survives_between_runs(run_root: tuple[Path, Path],
                                                                        tmp_path: Path) -> None:
@@ -180,7 +208,7 @@ def test_the_kernel_cache_is_inside_the_root_and_survives_between_runs(run_root:
     comp = receipt_of(first)["checks"]["compile"]
     assert comp["passed"] and comp["sets"]["compiled"]["status"] == "compiled"
     cache = Path(comp["cache"])
-    assert cache.is_relative_to(run_root[0] / "state" / "kernels-v1")
+    assert cache.is_relative_to(run_root[0] / "state" / "kernels-v2" / "run-small")   # the runner's own
     assert (cache / "inductor").is_dir() and any((cache / "inductor").rglob("*"))
     kept = {p for p in cache.rglob("*") if p.is_file()}
     second = h("run", runner, "--device", "cpu", "--json")

@@ -192,3 +192,83 @@ def test_one_failed_probe_does_not_turn_the_sandbox_off_for_good_and_says_no_tra
     again = sandbox.detect(root, tmp_path / "locks")
     assert again.works, again.why
     assert len(list(root.cache_dir("sandbox").glob("*.json"))) == 1
+
+
+@needs_bwrap
+def test_the_probe_tests_the_records_read_only_and_no_network_and_falls_back_to_the_network(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe runs with the sandbox's own arguments: the root's records read-only (a write into store/ must
+    meet EROFS) and --unshare-net. A bwrap that cannot unshare the network (here: one that refuses the option,
+    as a kernel without unprivileged network namespaces does) still gives the sandbox, with the machine's
+    network, and the record says why; one that binds the store writable is no sandbox."""
+    monkeypatch.delenv("HERMETIC_BWRAP", raising=False)
+    real = sandbox.bwrap_path()[0]
+    root = _root(tmp_path)
+    sb = sandbox.choose(root, "required", "--sandbox", tmp_path / "locks")
+    rec = sb.record()
+    assert rec["network"] == "none" and "network_why" not in rec, rec
+    assert str(root.path / "store") in rec["read_only"] and str(root.path / "profiles") in rec["read_only"]
+    assert "--unshare-net" in sb.confinement.prefix if sb.confinement else False
+    no_net = tmp_path / "no-net"
+    no_net.mkdir()
+    fake = _fake_bwrap(no_net, 'for a in "$@"; do [ "$a" = --unshare-net ] && { echo "bwrap: No permissions to '
+                               f'create new namespace" >&2; exit 1; }}; done; exec {real} "$@"')
+    monkeypatch.setenv("HERMETIC_BWRAP", str(fake))
+    root2 = _root(tmp_path / "r2")
+    sb = sandbox.choose(root2, "required", "--sandbox", tmp_path / "locks")
+    rec = sb.record()
+    assert rec["used"] and rec["network"] == "host", rec
+    assert "cannot take the network from a child here (--unshare-net): bwrap: No permissions" in rec["network_why"], rec
+    # a cluster's realize keeps the network, and says why
+    sb = sandbox.choose(_root(tmp_path / "r3"), "required", "--sandbox", tmp_path / "locks",
+                        network="a build cluster compiles")
+    assert sb.record()["network"] == "host" and sb.record()["network_why"] == "a build cluster compiles"
+    # a bwrap that leaves the store writable (every --ro-bind-try dropped) is found out
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    strip = loose / "strip.py"
+    strip.write_text("import os, sys\nargs, out, i = sys.argv[2:], [], 0\nend = args.index('--')\n"
+                     "while i < len(args):\n    if i < end and args[i] == '--ro-bind-try':\n        i += 3\n"
+                     "        continue\n    out.append(args[i])\n    i += 1\n"
+                     "os.execv(sys.argv[1], [sys.argv[1], *out])\n")
+    fake = _fake_bwrap(loose, f'exec {sys.executable} {strip} {real} "$@"')
+    monkeypatch.setenv("HERMETIC_BWRAP", str(fake))
+    found = sandbox.detect(_root(tmp_path / "r4"), tmp_path / "locks")
+    assert not found.works and "its write into the root's store was not refused" in found.why, found
+
+
+@needs_bwrap
+def test_a_child_writing_into_the_roots_records_fails_naming_them(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 (F2): inside the root, the store, profiles, gc roots, receipts, derived state and the marker are
+    read-only; a child that fails after writing there is told so by name (not as a write outside the root),
+    and `hermetic run`'s kernel bucket stays writable to its measuring process alone (the final re-attack's B3:
+    a stranger's setup.py planted kernels there)."""
+    monkeypatch.delenv("HERMETIC_BWRAP", raising=False)
+    root = _root(tmp_path)
+    sb = sandbox.choose(root, "auto", "the default", tmp_path / "locks")
+    env = root.child_env({"PATH": "/usr/bin:/bin"})
+    write = "import sys\nfor p in sys.argv[1:]:\n    open(p, 'a').write('x')\n"
+    for target in (root.store / "planted", root.profiles / "planted", root.roots / "planted.json",
+                   root.receipts / "planted.json", root.state / "planted", root.path / "HERMETIC_ROOT"):
+        before = target.read_bytes() if target.exists() else None
+        with sb.confined(), pytest.raises(SandboxRefused) as e:
+            run_limited([sys.executable, "-c", write, str(target)], cwd=str(root.tmp), env=env, limits=Limits(),
+                        on_line=lambda _line: None)
+        assert e.value.where == str(target) and "which only hermetic itself writes" in e.value.what, e.value.render()
+        assert (target.read_bytes() if target.exists() else None) == before
+    kernels, theirs = (sandbox.kernel_cache(root, d) / "k" for d in ("run-x", "run-y"))
+    with sb.confined(), pytest.raises(SandboxRefused) as e:
+        run_limited([sys.executable, "-c", write, str(kernels)], cwd=str(root.tmp), env=env, limits=Limits(),
+                    on_line=lambda _line: None)
+    assert e.value.where == str(kernels) and not kernels.exists(), e.value.render()
+    run = sandbox.choose(root, "auto", "the default", tmp_path / "locks", domain="run-x", kernels=True)
+    with run.confined():
+        rc, _tail = run_limited([sys.executable, "-c", write, str(kernels), str(root.path / "build-x")],
+                                cwd=str(root.tmp), env=env, limits=Limits(), on_line=lambda _line: None)
+    assert rc == 0 and kernels.read_text() == "x" and (root.path / "build-x").exists()
+    # another runner's kernel cache is not this runner's to write: its package could plant code the other loads
+    with run.confined(), pytest.raises(SandboxRefused) as e:
+        run_limited([sys.executable, "-c", write, str(theirs)], cwd=str(root.tmp), env=env, limits=Limits(),
+                    on_line=lambda _line: None)
+    assert e.value.where == str(theirs) and not theirs.exists(), e.value.render()

@@ -334,3 +334,161 @@ def test_recipe_new_runs_setup_py_only_in_the_sandbox(tmp_path: Path, shared_roo
     env.pop("HERMETIC_SANDBOX", None)
     r = cli.run(shared_root, "recipe", "new", sdist, env=env)
     assert r.rc == 3 and "no sandbox for the package's setup.py" in r.err and "--sandbox off" in r.err, r.err
+
+
+@pytest.mark.parametrize("package", ["minipkg._ops_cuda", "minipkg._ops_cuda.inner"])
+def test_a_package_named_as_a_built_module_is_refused_at_load(tmp_path: Path, package: str) -> None:
+    """(issue 41, attack F6) A package folder with a built module's dotted name is what Python imports instead
+    of the module: refused when the recipe is read, naming the file, line, key and both names."""
+    sdist, sha = make_sdist(tmp_path / "dist")
+    recipe = _project(tmp_path / "p", stranger_recipe(sdist, sha).replace(
+        'packages = ["minipkg", "minipkg.util"]', f'packages = ["minipkg", "minipkg.util", "{package}"]'))
+    with pytest.raises(BadInput) as e:
+        load_recipe(recipe)
+    assert f"package {package} has the dotted name of the built module minipkg._ops_cuda" in str(e.value)
+    line = recipe.read_text().splitlines().index(
+        f'packages = ["minipkg", "minipkg.util", "{package}"]') + 1
+    assert e.value.where is not None and f"recipe.toml:{line}" in e.value.where and "package.packages" in \
+        e.value.where, e.value.where
+
+
+@pytest.mark.parametrize(("package", "what"), [("json", "the standard library"), ("torch", "torch"),
+                                             ("os.path", "the standard library")])
+def test_a_package_that_would_shadow_the_standard_library_or_torch_is_refused(tmp_path: Path, package: str,
+                                                                              what: str) -> None:
+    """(issue 41, attack F7) The environment is on PYTHONPATH, ahead of the standard library: a package named
+    json (or torch) would shadow the real one in every `hermetic env` process, where pip's site-packages would
+    not. Refused when the recipe is read, naming the file, line and key."""
+    sdist, sha = make_sdist(tmp_path / "dist")
+    recipe = _project(tmp_path / "p", stranger_recipe(sdist, sha).replace(
+        'packages = ["minipkg", "minipkg.util"]', f'packages = ["minipkg", "minipkg.util", "{package}"]'))
+    with pytest.raises(BadInput) as e:
+        load_recipe(recipe)
+    assert f"package {package} would shadow {what}'s" in str(e.value), str(e.value)
+    assert e.value.where is not None and "package.packages" in e.value.where
+
+
+def test_the_import_check_refuses_a_module_that_is_not_the_built_file(tmp_path: Path) -> None:
+    """(F6, the check behind the load's) The import check confirms each built module's ``__file__`` is the
+    built file: a package folder beside it, which Python's importer prefers, fails the check."""
+    import importlib.machinery
+    import sys
+
+    from hermetic.errors import WorkFailed
+    from hermetic.extensions.context import build_env
+    from hermetic.extensions.importcheck import ImportCheck
+    from hermetic.root import Root
+    root = Root(tmp_path / "root")
+    root.ensure()
+    tree = tmp_path / "tree"
+    (tree / "shadow" / "_ext").mkdir(parents=True)
+    (tree / "shadow" / "__init__.py").write_text("X = 1\n")
+    (tree / "shadow" / "_ext" / "__init__.py").write_text("def add1(x):\n    return x + 1000\n")
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tree / "shadow" / f"_ext{suffix}").write_bytes(Path(json.__file__).parent.joinpath(
+        "..", "lib-dynload", f"_json{suffix}").resolve().read_bytes())   # a real module file, never imported
+    profile = root.profiles / "p"
+    os.symlink(tree, profile)
+    check = ImportCheck(root, sys.executable, profile, build_env(root, None))
+    with pytest.raises(WorkFailed) as e:
+        check.run(["shadow._ext", "shadow"], "tree-shadow", profile)
+    assert f"import shadow._ext ran {profile}/shadow/_ext/__init__.py, not the built module shadow/_ext{suffix}" \
+        in str(e.value), str(e.value)
+    assert root.cache("imports").get("tree-shadow") is None
+
+
+def test_a_header_included_by_absolute_path_outside_the_root_is_an_input_of_the_noop(tmp_path: Path,
+                                                                                      shared_root: Path) -> None:
+    """(issue 41, attack F9) A unit #includes a header by its absolute path, outside every tree and the root. The
+    object's record lists it as an input; the no-op record fingerprints it as well, so after the header changes
+    neither the no-op nor ``--check`` says "up to date": the unit compiles again and the module says so."""
+    from tests.support.builds import Project
+    from tests.support.recipes import recipe_toml
+    header = tmp_path / "outside" / "evil.h"
+    header.parent.mkdir()
+    header.write_text("#define OUTSIDE_VALUE 41\n")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ext.cpp").write_text(f'#include <torch/extension.h>\n#include "{header}"\n'
+                                 "int value() { return OUTSIDE_VALUE; }\n"
+                                 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("value", &value); }\n')
+    proj = Project(tmp_path / "p", "outh", shared_root, sources=src, recipe=recipe_toml(
+        "outh", toolchain=True, archs=["9.0"], sources={"src": "src"}, jobs=2,
+        extensions=['name = "outh_ext"\nsource = "src"\nsources = ["ext.cpp"]']))
+    first = proj.realize()
+    assert first.decisions == {"ext.cpp": "compiled"}
+    assert proj.realize().result.get("changed") is False          # nothing changed: a no-op
+    header.write_text("#define OUTSIDE_VALUE 42\n")
+    check = cli.run(shared_root, "realize", proj.recipe, "--check", env=dict(os.environ))
+    assert check.rc == 4 and "is not up to date" in check.out, (check.rc, check.out, check.err[-2000:])
+    again = proj.realize()
+    assert again.decisions == {"ext.cpp": "compiled"}, again.decisions
+    p = cli.run(shared_root, "env", proj.recipe, "--", "python", "-c", "import torch, outh_ext; "
+                "print(outh_ext.value())", env=dict(os.environ))
+    assert p.rc == 0 and p.out.split() == ["42"], (p.out, p.err[-2000:])
+
+
+def test_an_absolute_package_dir_is_refused_at_load(tmp_path: Path) -> None:
+    """(issue 41, attack: minor) ``package_dir = "/abs"`` was made relative before the check and taken inside
+    the tree, failing only after the compile with no recipe line: refused at load as ``../..`` is."""
+    sdist, sha = make_sdist(tmp_path / "dist")
+    recipe = _project(tmp_path / "p", stranger_recipe(sdist, sha, extra='package_dir = "/home/x/.config"\n'))
+    with pytest.raises(BadInput) as e:
+        load_recipe(recipe)
+    assert "package_dir '/home/x/.config' leaves the source tree" in str(e.value)
+    assert e.value.where is not None and "package.package_dir" in e.value.where, e.value.where
+
+
+def test_a_zip_sdist_with_its_top_folder_is_read_as_the_tar_is(tmp_path: Path) -> None:
+    """(issue 41, attack F11) A zip sdist (shutil.make_archive, zip -r: every file in one top folder) was
+    refused by `recipe new` ("no setup.py at its top"); its top folder is stripped as a tar's is. A zip of files
+    at its top is taken as it is."""
+    import shutil
+    import zipfile
+
+    from hermetic.extensions.sources import extract
+    from hermetic.recipe import Source
+    tree = tmp_path / "zz-1.0"
+    (tree / "zz").mkdir(parents=True)
+    (tree / "setup.py").write_text("from setuptools import setup\nsetup(name='zz')\n")
+    (tree / "zz" / "__init__.py").write_text("X = 1\n")
+    archive = Path(shutil.make_archive(str(tmp_path / "zz-1.0"), "zip", tmp_path, "zz-1.0"))
+    out = tmp_path / "out"
+    out.mkdir()
+    extract(archive, Source("zz", url=archive.as_uri(), sha256="0" * 64, where="t"), out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == ["setup.py", "zz/__init__.py"]
+    flat = tmp_path / "flat.zip"
+    with zipfile.ZipFile(flat, "w") as zf:
+        zf.writestr("setup.py", "x = 1\n")
+        zf.writestr("pkg/a.py", "y = 2\n")
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    extract(flat, Source("f", url=flat.as_uri(), sha256="0" * 64, where="t"), out2)
+    assert sorted(str(p.relative_to(out2)) for p in out2.rglob("*") if p.is_file()) == ["pkg/a.py", "setup.py"]
+
+
+def test_an_import_that_never_ends_is_stopped_at_the_import_checks_deadline(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """(issue 41, attack F3) A package whose __init__ waits forever held realize's import check (and realize)
+    until killed from outside. The check has a deadline (importcheck.IMPORT_TIMEOUT, 600 s; 20 s here): the
+    interpreter is stopped and the realize fails, naming the modules."""
+    import sys
+    import time
+
+    from hermetic.errors import WorkFailed
+    from hermetic.extensions import importcheck
+    from hermetic.extensions.context import build_env
+    from hermetic.root import Root
+    monkeypatch.setattr(importcheck, "IMPORT_TIMEOUT", 20.0)
+    root = Root(tmp_path / "root")
+    root.ensure()
+    tree = tmp_path / "tree"
+    (tree / "stuck").mkdir(parents=True)
+    (tree / "stuck" / "__init__.py").write_text("import time\ntime.sleep(10 ** 6)\n")
+    profile = root.profiles / "p"
+    os.symlink(tree, profile)
+    check = importcheck.ImportCheck(root, sys.executable, profile, build_env(root, None))
+    began = time.monotonic()
+    with pytest.raises(WorkFailed, match=r"importing stuck did not finish within 20 s"):
+        check.run(["stuck"], "tree-stuck", profile)
+    assert time.monotonic() - began < 120

@@ -11,13 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hermetic.errors import BadInput
+from hermetic.errors import BadInput, PreconditionFailed
 from hermetic.reporter import Reporter, plural, process_seconds
 from hermetic.root import Root
 from hermetic.store import Store, list_names
 from hermetic.urls import remote_in_environment
 
 if TYPE_CHECKING:
+    from hermetic.config import Config
     from hermetic.realize.pipeline import RealizeOptions
     from hermetic.remote.settings import RemoteOptions
 
@@ -55,7 +56,8 @@ def cmd_realize(root: Root, args: argparse.Namespace, reporter: Reporter) -> int
         from hermetic.realize.dryrun import check, dry_run
         from hermetic.realize.pipeline import RealizeOptions
         return (check if args.check else dry_run)(root, args.recipe, reporter,
-                                                  RealizeOptions(args.variant, offline=args.offline))
+                                                  RealizeOptions(args.variant, False, remote, args.offline,
+                                                                 args.sandbox, args.jobs, dist=args.dist))
     from hermetic.realize.noop import noop_check
     outcome = None if args.explain else noop_check(root, args.recipe, args.variant)
     if outcome is None:  # only now pay for importing the pipeline
@@ -105,6 +107,10 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
             reporter.event("gc", f"would remove the whole scratch root {root.path}")
             reporter.result("gc", True, 0, all=True, dry_run=True, root=str(root.path))
             return 0
+        from hermetic.sandbox import live_once_homes
+        if live := live_once_homes(root):   # a `recipe new` holds no temp root: its home says it lives
+            raise PreconditionFailed(f"another hermetic command is running in this scratch root (its home {live[0]})",
+                                     where=str(root.path), hint="wait for it to finish, then retry")
         freed = gc.remove_all(root)
         reporter.event("gc", f"removed {root.path} ({freed} bytes freed)")
         reporter.result("gc", True, 0, all=True, freed_bytes=freed)
@@ -114,6 +120,9 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         from hermetic.root import sweep_outside_scratch
         for left in sweep_outside_scratch():   # a dry run killed with kill -9 left its folder outside the root
             reporter.event("gc", f"removed {left}, left by a dry run that was killed", removed=str(left))
+        from hermetic.sandbox import sweep_once_homes
+        for left in sweep_once_homes(root):   # a sandboxed command killed with kill -9 left its fresh home
+            reporter.event("gc", f"removed {left}, the home of a command that was killed", removed=str(left))
     verb = "would delete" if args.dry_run else "deleted"
     for name in p.dead_entries:  # the listing: stdout
         reporter.data("gc-entry", f"{verb} entry {name}", entry=name)
@@ -139,6 +148,7 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.event("verify", f"no store at {root.store}: nothing to verify")
         reporter.result("verify", True, 0, blobs=0, entries=0, problems=[])
         return 0
+    root.refuse_unmarked("verify --repair" if args.repair else "verify")   # never a folder of someone's files
     if store.exists():
         store.open(check=False)   # a folder of the store's own that is no folder is what verify reports
     report = verify(store, root)
@@ -176,7 +186,8 @@ def cmd_verify(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         from hermetic.sandbox import choose
         config = load()
         mode = config.resolve("sandbox", args.sandbox)
-        sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value))
+        sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value),
+                         build="")   # the recorded commands write where they wrote (a depfile in build/)
         say_sandbox(reporter, sandbox, "the rebuilt sample")
         with sandbox.confined():
             rebuilt = rebuild_sample(root, store, args.rebuild_sample)
@@ -413,9 +424,13 @@ def cmd_config(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
             files["remote.url"] = (recipe.remote_url, doc.where("remote", "url"))
         if recipe.remote_mode:
             files["remote.mode"] = (recipe.remote_mode, doc.where("remote", "mode"))
+        if recipe.remote_dist:
+            files["dist"] = (recipe.remote_dist, doc.where("remote", "dist"))
     config = load(start)
+    _check_shown(args, config, files)
     table = config.table({"jobs": args.jobs, "sandbox": args.sandbox, "remote.url": args.remote_cache,
-                          "remote.mode": args.remote_cache_mode}, files)
+                          "remote.mode": args.remote_cache_mode, "dist": args.dist}, files)
+    config.check_machines_lock_dir(next(s for s in table if s.key == "lock_dir"))
     lines = [f"{layer.level} {layer.path}" + ("" if layer.found else " (not found)") for layer in config.layers]
     width = max(len(k) for k in SETTINGS)
     for s in table:
@@ -430,6 +445,19 @@ def cmd_config(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
                     settings={s.key: {"value": s.value if s.key != "remote.url" or s.value is None
                                       else redact(s.value), "level": s.level, "origin": s.origin} for s in table})
     return 0
+
+
+def _check_shown(args: argparse.Namespace, config: Config, files: dict[str, tuple[object, str]]) -> None:
+    """What `hermetic config` shows, checked as a realize checks it (bad input: exit 2 naming the file, line and
+    key): the remote cache's URL and mode (hermetic.remote.settings) and the trusted keys' files."""
+    from hermetic.remote.settings import RemoteOptions, resolve_settings
+    from hermetic.store.provenance import load_trusted
+    url, url_where = files.get("remote.url", (None, ""))
+    mode, mode_where = files.get("remote.mode", (None, ""))
+    resolve_settings(RemoteOptions(args.remote_cache, args.remote_cache_mode), os.environ,
+                     str(url) if url else None, str(mode) if mode else None, str(url_where or mode_where), config)
+    keys = config.resolve("trusted_keys")
+    load_trusted(keys.value, keys.origin)
 
 
 def _is_runner(path: Path) -> bool:
@@ -448,11 +476,12 @@ def cmd_recipe(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
     if args.output is not None and os.path.lexists(args.output):
         raise BadInput(f"{args.output} exists", where="hermetic recipe new", hint="name a new file, or remove it")
     request = NewRecipe(args.source, parse_env(args.env), args.name, args.url, args.cuda, args.python, args.gpu,
-                        args.lock)
+                        args.lock, float(args.timeout))
     root.ensure()
     config = load(args.source.resolve().parent)
     mode = config.resolve("sandbox", args.sandbox)
-    sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value))
+    sandbox = choose(root, mode.value, mode.origin, lock_dir(config.resolve("lock_dir").value),
+                     unix_sockets=False)   # no network, no unix socket (an ssh-agent's) for a stranger's setup.py
     if not sandbox.used and sandbox.mode != "off":  # a stranger's setup.py runs only confined, unless told
         from hermetic.errors import PreconditionFailed
         raise PreconditionFailed(f"no sandbox for the package's setup.py: {sandbox.why_not}",

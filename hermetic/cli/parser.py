@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -93,10 +94,7 @@ def _common(command: str = "") -> Parser:
 def _int_from(low: int, high: int, what: str) -> Callable[[str], int]:
     """An argparse type: an integer from ``low`` to ``high``, else a usage error saying what it must be."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
+        value = int(text) if re.fullmatch(r"[0-9]+", text) else low - 1   # ASCII digits: not 1_0, not ٣, +3
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"{text!r} is not {what} from {low} to {high}")
         return value
@@ -125,9 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
-    p.add_argument("--dist", metavar="URL", default=None,
-                   help="compile on a sccache-dist build cluster (its scheduler's URL; the token in "
-                        "$HERMETIC_DIST_TOKEN); default $HERMETIC_DIST, else the recipe's [remote] dist; off: local")
+    _dist_option(p)
 
     p = sub.add_parser("gc", parents=[_common("gc")], help="delete everything not reachable from a root")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
@@ -216,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     _jobs_option(p)
     _sandbox_option(p)
     _remote_options(p)
+    _dist_option(p)
     p = sub.add_parser("recipe", parents=[_common("recipe")], help="write recipes")
     recipes = p.add_subparsers(dest="recipe_command", metavar="ACTION", required=True)
     r = recipes.add_parser("new", parents=[_common("recipe")],
@@ -233,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpu", choices=("pretend", "none"), default="pretend",
                    help="pretend (default): setup.py's torch.cuda.is_available() answers True, as on a GPU builder")
     r.add_argument("--lock", help="the recipe's [toolchain] lock (default: ../manifests/cuda-VERSION-toolchain.txt)")
+    r.add_argument("--timeout", type=_int_from(1, 86400, "a number of seconds"), default=600, metavar="S",
+                   help="seconds setup.py may run (default 600); past them it is stopped, with everything it "
+                        "started, and recipe new fails (exit 1)")
     _sandbox_option(r)
 
     p = sub.add_parser("completion", parents=[_common("completion")],
@@ -251,6 +251,13 @@ def _jobs_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
                    help="compilers running at once (default $HERMETIC_JOBS, else $MAX_JOBS, else the recipe's "
                         "[limits] jobs, else hermetic.toml's jobs, else the CPU count); the receipt says which won")
+
+
+def _dist_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dist", metavar="URL", default=None,
+                   help="compile on a sccache-dist build cluster (its scheduler's URL; the token in "
+                        "$HERMETIC_DIST_TOKEN); default $HERMETIC_DIST, else the recipe's [remote] dist, else a "
+                        "hermetic.toml's dist; off: local")
 
 
 def _sandbox_option(p: argparse.ArgumentParser) -> None:

@@ -385,20 +385,154 @@ def postprocess(raw: dict, tree: Path, origin: dict, cuda_home: str | None, env:
 
 # ------------------------------------------------------------------------------------ the proposed recipe
 
+# Everything the capture reports is the package's to choose (a hostile setup.py forges it): no text of it reaches
+# the recipe but through these three encoders, and the written text is parsed back and compared with what was
+# meant (check_written), so no name, URL or comment can add a table or a key.
+BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")
+_SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
 def toml_str(s: str) -> str:
-    return json.dumps(s)
+    """A TOML basic string, ASCII only: quotes, backslashes, control characters and every non-ASCII character
+    escaped; a lone surrogate (a file name's undecodable byte), which TOML cannot say, refused."""
+    from hermetic.errors import BadInput
+    out = []
+    for ch in s:
+        o = ord(ch)
+        if ch in _SHORT:
+            out.append(_SHORT[ch])
+        elif 0xD800 <= o <= 0xDFFF:
+            raise BadInput(f"{comment_text(s)} holds a character TOML cannot say (a lone surrogate)",
+                           where="hermetic recipe new", hint="write this recipe by hand")
+        elif 0x20 <= o < 0x7F:
+            out.append(ch)
+        else:
+            out.append(f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def toml_key(k: str) -> str:
+    """A TOML key: bare where TOML allows it, else a quoted string."""
+    return k if BARE_KEY.match(k) else toml_str(k)
+
+
+def comment_text(s: str) -> str:
+    """Text for a ``#`` comment: one line whatever it holds: control, format and line-separator characters
+    (and backslashes, so that the escapes read back) written as Python escapes."""
+    import unicodedata
+    out = []
+    for ch in str(s):
+        if ch in "\\\n\r\t":
+            out.append(_SHORT[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            o = ord(ch)
+            out.append(f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def comment(text: str) -> str:
+    """A whole-line comment."""
+    return "# " + comment_text(text)
 
 
 def toml_val(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
     if isinstance(v, str):
         return toml_str(v)
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_val(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {toml_val(x)}" for k, x in v.items()) + " }"
-    return str(v)
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_val(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML value for {type(v).__name__}")
+
+
+def _plain(v: object) -> object:
+    """A value as TOML reads it back (tuples are arrays)."""
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+class RecipeText:
+    """The recipe's lines, and beside them the data they are meant to parse to."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.data: dict[str, Any] = {}
+        self._table: dict[str, Any] = self.data
+
+    def comment(self, text: str) -> None:
+        self.lines.append(comment(text))
+
+    def blank(self) -> None:
+        self.lines.append("")
+
+    def table(self, path: tuple[str, ...], note: str = "") -> None:
+        t = self.data
+        for part in path:
+            t = t.setdefault(part, {})
+        self._table = t
+        self.lines.append("[" + ".".join(toml_key(p) for p in path) + "]" + (f"   # {comment_text(note)}" if note
+                                                                              else ""))
+
+    def array_table(self, name: str, note: str = "") -> None:
+        self._table = {}
+        self.data.setdefault(name, []).append(self._table)
+        self.lines.append(f"[[{toml_key(name)}]]" + (f"   # {comment_text(note)}" if note else ""))
+
+    def key(self, k: str, v: object, note: str = "") -> None:
+        if k in self._table:
+            raise ValueError(f"key {k!r} written twice")
+        self._table[k] = _plain(v)
+        self.lines.append(f"{toml_key(k)} = {toml_val(v)}" + (f"   # {comment_text(note)}" if note else ""))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _difference(meant: object, read: object, at: str) -> str | None:
+    """The first key path where the text's data is not the data meant, said as a sentence."""
+    if isinstance(meant, dict) and isinstance(read, dict):
+        for k in sorted(set(meant) | set(read)):
+            where = f"{at}.{k}" if at else k
+            if k not in meant:
+                return f"key {where!r} is in the text, never written"
+            if k not in read:
+                return f"key {where!r} was written but is not in the text"
+            d = _difference(meant[k], read[k], where)
+            if d:
+                return d
+        return None
+    if isinstance(meant, list) and isinstance(read, list) and len(meant) == len(read):
+        for i, (a, b) in enumerate(zip(meant, read, strict=True)):
+            d = _difference(a, b, f"{at}[{i}]")
+            if d:
+                return d
+        return None
+    return None if meant == read else f"key {at!r} reads back as {read!r}, not {meant!r}"
+
+
+def check_written(text: str, meant: dict[str, Any], where: str) -> None:
+    """Belt and braces: the recipe text parses, and to exactly the tables and keys the writer meant."""
+    import tomllib
+
+    from hermetic.errors import BadInput
+    try:
+        read = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise BadInput(f"the recipe written from setup.py's record is not TOML ({e})", where=where,
+                       hint="a name or value from setup.py broke the text; write this recipe by hand") from None
+    diff = _difference(meant, read, "")
+    if diff is not None:
+        raise BadInput(f"the recipe written from setup.py's record does not read back as written: {diff}",
+                       where=where, hint="a name or value from setup.py broke the text; write this recipe by hand")
 
 
 def lines_note(ls: list[int]) -> str:
@@ -427,7 +561,14 @@ def recipe_keys(x: dict[str, Any], setuptools_cflags: list[str]) -> dict[str, tu
     if inc or foreign:
         k["include_dirs"] = (inc, lines_note(al.get("include_dirs", [])) + (
             f"; left out {foreign}: folders outside the tree" if foreign else ""))
+    from hermetic.errors import BadInput
+    from hermetic.recipe import DEFINE_RE
     defines = {n: (True if v is None else str(v)) for n, v in x["define_macros"]}
+    for n in defines:
+        if not isinstance(n, str) or not DEFINE_RE.match(n):
+            raise BadInput(f"setup.py's define_macros name '{comment_text(n)}' is not a C identifier",
+                           where=f"setup.py:{','.join(map(str, al.get('define_macros', []))) or '?'}",
+                           hint="a define's name is a C identifier; write this recipe by hand")
     if defines:
         k["defines"] = (defines, lines_note(al.get("define_macros", [])) + " (true: -DNAME)")
     cflags = [*setuptools_cflags, *x["extra_compile_args"].get("cxx", []), *(f"-U{u}" for u in x["undef_macros"])]
@@ -466,7 +607,8 @@ class Origin(NamedTuple):
 
 
 def write_recipe(rep: dict[str, Any], name: str, origin: Origin, cuda: str, lock: str) -> str:
-    """The recipe TOML: every value with a comment naming the setup.py lines it came from."""
+    """The recipe TOML: every value with a comment naming the setup.py lines it came from; every key, value and
+    comment through the encoders above, and the text checked to read back as meant."""
     exts = rep["extensions"]
     sc = (rep.get("setuptools_compiler") or {}).get("compiler_so_cxx") or []
     setuptools_cflags = [f for f in sc[1:] if f != "-fPIC"]
@@ -478,83 +620,101 @@ def write_recipe(rep: dict[str, Any], name: str, origin: Origin, cuda: str, lock
                 notes = sorted({p[key][1] for p in per})
                 shared[key] = (val, notes[0] if len(notes) == 1 else "; ".join(notes))
     torch = rep["capture"].get("torch") or {}
-    out = [f"# Generated by `hermetic recipe new` from {origin.file}: its setup.py run with torch "
-           f"{torch.get('version')}, CUDA_HOME = hermetic's CUDA {cuda} toolchain, "
-           f"sys.argv = {rep['capture']['argv']}."]
+    w = RecipeText()
+    w.comment(f"Generated by `hermetic recipe new` from {origin.file}: its setup.py run with torch "
+              f"{torch.get('version')}, CUDA_HOME = hermetic's CUDA {cuda} toolchain, "
+              f"sys.argv = {rep['capture']['argv']}.")
+    w.comment("The lists below are as setup.py's process reported them: a hostile setup.py can forge them; "
+              "the sandbox it ran in is the guarantee.")
     for p in rep["cuda_probes"]:
-        out.append(f"# setup.py:{p['line']} asked {p['call']}() -> {p['answer']!r}"
-                   f"{' (a GPU pretended)' if p['answer'] is True else ''}: {p['text']}")
+        w.comment(f"setup.py:{p['line']} asked {p['call']}() -> {p['answer']!r}"
+                  f"{' (a GPU pretended)' if p['answer'] is True else ''}: {p['text']}")
     env_set = rep["capture"]["env_set"]
-    out.append("# Environment options setup.py read (set with `recipe new --env K=V`; set here: "
-               + (", ".join(f"{k}={v}" for k, v in env_set.items()) or "none") + "):")
+    w.comment("Environment options setup.py read, as setup.py's process reported them (set with `recipe new "
+              "--env K=V`; set here: " + (", ".join(f"{k}={v}" for k, v in env_set.items()) or "none") + "):")
     for r in rep["env_reads"]:
         at = ", ".join(f"setup.py:{a['line']}" for a in r["read_at"])
         default = f" (default {r['defaults'][0]!r})" if r["defaults"] else ""
-        out.append(f"#   {r['key']} = {r['value']!r}{default}  {at}{'' if r['direct'] else ' (inside torch)'}")
+        w.comment(f"  {r['key']} = {r['value']!r}{default}  {at}{'' if r['direct'] else ' (inside torch)'}")
     for s in rep["subprocesses"]:
-        out.append(f"# setup.py:{s['line']} ran {s['argv']}")
+        w.comment(f"setup.py:{s['line']} ran {s['argv']}")
     for n in rep["network"]:
         line = (n.get("frames") or [{}])[-1].get("line") if isinstance(n, dict) else None
         what = f"{n.get('call')}({n.get('url')})" if isinstance(n, dict) else str(n)
-        out.append(f"# setup.py:{line} tried the network, refused: {what}")
+        w.comment(f"setup.py:{line} tried the network, refused: {what}")
     for c, d in (rep["setup"]["cmdclass"] or {}).items():
         if not d["is_torch_build_ext"] or d["own_methods"]:
-            out.append(f"# cmdclass {c}: {d['module']}.{d['class']} (own methods {d['own_methods']}): never run by "
-                       "hermetic; check that it changes no flag")
+            w.comment(f"cmdclass {c}: {d['module']}.{d['class']} (own methods {d['own_methods']}): never run by "
+                      "hermetic; check that it changes no flag")
     options = rep["setup"]["build_ext_options"] or {}
     if options.get("no_python_abi_suffix"):
-        out.append("# BuildExtension.with_options(no_python_abi_suffix=True): pip names the files NAME.so; hermetic "
-                   "installs NAME + the interpreter's suffix, which importlib's finders find just as well")
-    out += ["", "[recipe]", f"name = {toml_str(name)}", "", "[toolchain]", f"cuda = {toml_str(cuda)}",
-            f"lock = {toml_str(lock)}", 'archs = ["9.0"]   # architecture flags of setup.py are dropped for these', "",
-            f"[sources.{origin.name}]"]
+        w.comment("BuildExtension.with_options(no_python_abi_suffix=True): pip names the files NAME.so; hermetic "
+                  "installs NAME + the interpreter's suffix, which importlib's finders find just as well")
+    w.blank()
+    w.table(("recipe",))
+    w.key("name", name)
+    w.blank()
+    w.table(("toolchain",))
+    w.key("cuda", cuda)
+    w.key("lock", lock)
+    w.key("archs", ["9.0"], "architecture flags of setup.py are dropped for these")
+    w.blank()
+    w.table(("sources", origin.name))
     if origin.url is not None:
-        out.append(f"url = {toml_str(origin.url)}")
+        w.key("url", origin.url)
     else:
-        out.append(f"path = {toml_str(origin.path or '.')}")
+        w.key("path", origin.path or ".")
     if origin.sha256:
-        out.append(f"sha256 = {toml_str(origin.sha256)}")
-    out.append("")
+        w.key("sha256", origin.sha256)
+    w.blank()
     pk = rep["package"]
     if pk and pk.get("packages"):
         pdir = pk.get("package_dir") or {}
         base = pdir.get("", "")
-        out += ["[package]                     # the sdist's Python code, installed beside the built modules",
-                f"source = {toml_str(origin.name)}",
-                f"packages = {toml_val(pk['packages'])}   # setup.py:{rep['setup']['line']} setup(packages=...)"]
-        if base:
-            out.append(f"package_dir = {toml_str(base)}")
+        w.table(("package",), "the sdist's Python code, installed beside the built modules")
+        w.key("source", origin.name)
+        w.key("packages", list(pk["packages"]), f"setup.py:{rep['setup']['line']} setup(packages=...)")
+        if base and (base.startswith("/") or ".." in base.split("/")):
+            w.comment(f"package_dir {base!r} leaves the source tree: not written (realize refuses it); check where "
+                      "these packages' files are")
+        elif base:
+            w.key("package_dir", base)
         others = {k: v for k, v in pdir.items() if k}
         if others:
-            out.append(f"# package_dir maps {others}: not expressible; check where these packages' files go")
+            w.comment(f"package_dir maps {others}: not expressible; check where these packages' files go")
         data = sorted({_data_pattern(d, base) for d in pk.get("package_data_files", [])} - {""})
         if data:
-            out.append(f"data = {toml_val(data)}   # package data (include_package_data = "
-                       f"{pk.get('include_package_data')}, package_data = {pk.get('package_data') or {}})")
-        out.append("")
+            w.key("data", data, f"package data (include_package_data = {pk.get('include_package_data')}, "
+                                f"package_data = {pk.get('package_data') or {}})")
+        w.blank()
     if shared:
-        out.append("[shared.common]               # the same in every extension below")
-        out.append(f"source = {toml_str(origin.name)}")
+        w.table(("shared", "common"), "the same in every extension below")
+        w.key("source", origin.name)
         for key, (val, note) in shared.items():
-            out.append(f"{key} = {toml_val(val)}" + (f"   # {note}" if note else ""))
-        out.append("")
+            w.key(key, val, note)
+        w.blank()
     for x, p in zip(exts, per, strict=True):
-        out.append("[[extensions]]                # " + " <- ".join(
-            f"setup.py:{f['line']} {f['function']}" for f in reversed(x["made_at"])))
-        out.append(f"name = {toml_str(x['name'])}")
-        out.append('shared = "common"' if shared else f"source = {toml_str(origin.name)}")
+        w.array_table("extensions", " <- ".join(f"setup.py:{f['line']} {f['function']}"
+                                                for f in reversed(x["made_at"])))
+        w.key("name", x["name"])
+        if shared:
+            w.key("shared", "common")
+        else:
+            w.key("source", origin.name)
         lines = x["argument_lines"].get("sources", [])
-        out.append(f"sources = {toml_val(x['sources'])}" + (f"   # {lines_note(lines)}" if lines else ""))
+        w.key("sources", list(x["sources"]), lines_note(lines))
         for key, (val, note) in p.items():
             if key not in shared:
-                out.append(f"{key} = {toml_val(val)}" + (f"   # {note}" if note else ""))
+                w.key(key, val, note)
         if p["kind"][0] == "cuda" and x["cpp_only"]:
-            out.append("# no .cu file: kind = \"cuda\" still gives every unit CUDA's include folder and links "
-                       "cudart, as CUDAExtension does")
+            w.comment("no .cu file: kind = \"cuda\" still gives every unit CUDA's include folder and links "
+                      "cudart, as CUDAExtension does")
         for n in x["nvcc_notes"]:
-            out.append(f"# {n}")
-        out.append("")
-    return "\n".join(out)
+            w.comment(str(n))
+        w.blank()
+    text = w.text()
+    check_written(text, w.data, f"the recipe from {comment_text(origin.file)}")
+    return text
 
 
 def _data_pattern(d: dict[str, str], base: str) -> str:
@@ -569,7 +729,7 @@ def _data_pattern(d: dict[str, str], base: str) -> str:
 # ------------------------------------------------------------------------------------------ the command
 RESULT = "hermetic-capture-result: "   # the capture's one line of output (extensions/capture.py)
 CAPTURE_TIMEOUT_S = 600.0
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 class NewRecipe(NamedTuple):
@@ -582,6 +742,7 @@ class NewRecipe(NamedTuple):
     python: str | None = None       # the interpreter setup.py runs in (default: the running one)
     gpu: str = "pretend"            # torch.cuda.is_available() answers True (pretend) or the truth (none)
     lock: str | None = None         # the recipe's [toolchain] lock
+    timeout: float = 600.0          # seconds setup.py may run (--timeout)
 
 
 def toolchain_home(root_profiles: Path, cuda: str) -> Path:
@@ -625,27 +786,39 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def run_capture(python: str, tree: Path, env: dict[str, str], gpu: str, archs: str) -> tuple[dict[str, Any], str]:
-    """The capture in ``python``, in ``tree`` (inside the confinement in effect): its record and output."""
-    from hermetic.errors import BadInput
-    from hermetic.procs import Limits, TimedOut, run_limited
+def run_capture(python: str, tree: Path, env: dict[str, str], gpu: str, archs: str,
+                timeout: float = CAPTURE_TIMEOUT_S) -> tuple[dict[str, Any], str]:
+    """The capture in ``python``, in ``tree`` (inside the confinement in effect): its record and output. Past
+    ``timeout`` seconds setup.py's whole session is stopped (procs.run_limited) and the capture fails (exit 1)."""
+    from hermetic.errors import BadInput, WorkFailed
+    from hermetic.procs import Limits, TimedOut, run_limited, tail_line
     script = Path(__file__).with_name("capture.py")
-    lines: collections.deque[str] = collections.deque(maxlen=400)   # setup.py's output: its end is enough
+    # setup.py's output: its end is enough, each line cut as the tail's are (800 lines of 1 MB grew hermetic
+    # by 800 MB: the re-attack on issue 41, R4); of the records, two say there was more than one
+    lines: collections.deque[str] = collections.deque(maxlen=400)
     found: list[str] = []
+    records = [0]
 
     def on_line(line: str) -> None:
-        (found if line.startswith(RESULT) else lines).append(line)
+        if line.startswith(RESULT):
+            records[0] += 1
+            if len(found) < 2:
+                found.append(line)
+        else:
+            lines.append(tail_line(line))
 
     try:
         rc, _tail = run_limited([python, str(script), str(tree), "--gpu", gpu, "--archs", archs],
                                 cwd=str(tree), env=env, limits=Limits(), on_line=on_line,
-                                timeout=CAPTURE_TIMEOUT_S)
+                                timeout=timeout)
     except TimedOut:
-        raise BadInput(f"setup.py ran past {CAPTURE_TIMEOUT_S:.0f} s", where=str(tree / "setup.py"),
-                       hint="a setup.py that waits (for the network, for input) cannot be captured") from None
+        raise WorkFailed(f"setup.py ran past its deadline of {timeout:g} s and was stopped, with every process it "
+                         f"started", where=str(tree / "setup.py"),
+                         hint="a setup.py that waits (for the network, which the sandbox does not have, for "
+                              "input) cannot be captured; one that is only slow: recipe new --timeout S") from None
     output = "\n".join(lines)
-    if len(found) != 1:   # none: the capture never finished; more: setup.py printed one too
-        raise BadInput(f"the capture of setup.py gave {len(found)} records (exit {rc}):\n{output[-3000:]}",
+    if records[0] != 1:   # none: the capture never finished; more: setup.py printed one too
+        raise BadInput(f"the capture of setup.py gave {records[0]} records (exit {rc}):\n{output[-3000:]}",
                        where=str(tree / "setup.py"), hint="an option it needs: --env KEY=VALUE (its output above "
                                                          "says which); a setup.py printing hermetic's marker "
                                                          "cannot be captured")
@@ -676,7 +849,8 @@ def derive(root: Any, request: NewRecipe, reporter: Any) -> str:
         _unpack(src, sha, tree)
         env = capture_env(root.child_env(), cuda_home, "9.0", request.env)
         reporter.event("phase", f"running {src.name}'s setup.py (nothing compiles)", phase="capturing")
-        raw, output = run_capture(request.python or sys.executable, tree, env, request.gpu, "9.0")
+        raw, output = run_capture(request.python or sys.executable, tree, env, request.gpu, "9.0",
+                                  request.timeout)
         if raw.get("errors"):
             first = raw["errors"][0]
             detail = first.get("traceback", first) if isinstance(first, dict) else first
@@ -693,9 +867,16 @@ def derive(root: Any, request: NewRecipe, reporter: Any) -> str:
                            f"{e})", where=str(src), hint="setup.py changed the capture's output or objects; "
                                                          "write this recipe by hand") from None
     dist = (rep.get("package") or {}).get("name") or src.name
-    name = request.name or re.sub(r"[^A-Za-z0-9._-]", "-", dist)[:64]
+    name = request.name or re.sub(r"[^A-Za-z0-9._-]", "-", str(dist))[:64]
+    from hermetic.recipe import NAME_RE
+    if not NAME_RE.match(name):   # the words realize would say of the written recipe
+        raise BadInput(f"recipe name '{comment_text(name)}' is not a plain name",
+                       where="hermetic recipe new" if request.name else f"{src.name}'s setup.py setup(name=...)",
+                       hint="use letters, digits, '.', '_' and '-' (at most 64)" + (
+                           "" if request.name else ", or choose one: recipe new --name NAME"))
     url = request.url or (None if sha is None else src.resolve().as_uri())
-    origin = Origin(re.sub(r"\W", "_", dist), url, None if sha is not None else str(src), sha, src.name)
+    origin = Origin(re.sub(r"[^A-Za-z0-9_]", "_", str(dist)), url, None if sha is not None else str(src), sha,
+                    src.name)
     lock = request.lock or f"../manifests/cuda-{request.cuda}-toolchain.txt"
     try:
         return write_recipe(rep, name, origin, request.cuda, lock)

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
                 return NO_DAEMON
             ok = subprocess.run([sccache, "--show-stats", "--stats-format", "json"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if (
-                sock.startswith("\\x00") or os.path.exists(sock)) else None
+                os.path.exists(sock)) else None
             if ok is not None and ok.returncode == 0:
                 break
             time.sleep(0.1)
@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 daemon.kill()
                 daemon.wait()
-        if not sock.startswith("\\x00") and os.path.lexists(sock):
+        if os.path.lexists(sock):
             os.unlink(sock)
 
 

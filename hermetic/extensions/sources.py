@@ -160,6 +160,7 @@ def link_variant_source(root: Root, recipe: str, variant: str, source: str, stor
     read, which the build's prefix map names ``/hermetic/src/<source>`` (callers hold the recipe's build
     lock)."""
     link = root.path / "build" / recipe / variant / "src" / source
+    fs.refuse_linked_folders(root.path / "build", link.parent)   # nothing made through a planted link
     fs.atomic_symlink(os.path.relpath(tree.out(store), link.parent), link)
     return link
 
@@ -193,11 +194,18 @@ def _only_regular(p: Path) -> None:
 
 
 def copy_folder(folder: Path, out: Path) -> None:
+    """The folder's files copied into ``out``; a symlink, a FIFO, a socket or a device among them is bad input
+    (exit 2) naming it, as ``_folder_key`` says (``recipe new FOLDER`` copies without hashing first)."""
     for dirpath, _dirnames, files in os.walk(folder):
         rel = Path(dirpath).relative_to(folder)
         (out / rel).mkdir(parents=True, exist_ok=True)
         for f in files:
-            fs.copy_file(Path(dirpath) / f, out / rel / f)
+            _only_regular(Path(dirpath) / f)
+            try:
+                fs.copy_file(Path(dirpath) / f, out / rel / f)
+            except fs.NotRegularFile:   # replaced since it was looked at: judged again
+                _only_regular(Path(dirpath) / f)
+                raise
 
 
 def prepare_outside(store: Store, src: Source, patches: tuple[Path, ...], out: Path, env: dict[str, str]) -> bool:
@@ -268,10 +276,19 @@ def _extract_members(archive: Path, src: Source, out: Path) -> int:
     total = count = 0
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
-                if info.is_dir() or not info.filename.startswith(prefix):
+            infos = zf.infolist()
+            # a zip sdist (zip -r pkg-1.0.zip pkg-1.0, shutil.make_archive) has one top folder, stripped as a
+            # tar's is; a wheel, or a zip of files at its top, is taken as it is
+            tops = {i.filename.split("/", 1)[0] for i in infos}
+            wheel = src.wheel is not None or (src.url or "").split("?")[0].endswith(".whl")
+            top = next(iter(tops)) + "/" if (len(tops) == 1 and not wheel
+                                            and all("/" in i.filename for i in infos)) else ""
+            for info in infos:
+                _check_member(info.filename.rstrip("/"), src)   # the whole name, before a top folder is cut off
+                name = info.filename[len(top):]
+                if info.is_dir() or not name.startswith(prefix):
                     continue
-                rel = info.filename[len(prefix):]
+                rel = name[len(prefix):]
                 _check_member(rel, src)
                 if (info.external_attr >> 16) & 0o170000 == 0o120000:
                     raise BadInput(f"source archive member {info.filename} is a symlink", where=src.where,
@@ -458,7 +475,7 @@ def apply_patch(patch: Path, tree: Path, env: dict[str, str], *, timeout: float 
                 "-d", os.path.abspath(tree), "-i", os.path.abspath(patch)] + (["--dry-run"] if dry else [])
         try:
             rc, tail = run_limited(args, cwd=str(tree), env=env, limits=Limits(), on_line=lambda _line: None,
-                                   timeout=timeout)
+                                   timeout=timeout, writable_too=(os.path.realpath(tree),))
         except TimedOut:
             raise WorkFailed(f"patch did not finish within {timeout:g} s and was stopped", where=str(patch),
                              hint="a patch applies in well under a second: is the patch or the source tree on a "

@@ -4,7 +4,8 @@ PRODUCT.md: a no-op trusts a recorded stat fingerprint (size, mtime_ns, inode, c
 When a fingerprint changed but the bytes did not (a fresh checkout, a copy of the recipe's folder at the same
 path or another, `touch`), the files of the recipe (the recipe, its locks, patches and folder sources) are
 hashed again and compared with the hashes the last realize recorded, found by the recipe's own hash; the
-host's files (the interpreter, torch, the compilers) must keep their fingerprints. Equal: still a no-op,
+host's files (the interpreter, torch, the compilers, and every input outside the root that the build's object
+records list: ``outside_inputs``) must keep their fingerprints. Equal: still a no-op,
 whose only writes are the refreshed fingerprints and, for a recipe at a new path, the gc root's recipe path.
 
 This module imports nothing heavy, so an unchanged realize parses no lock, imports neither packaging,
@@ -13,6 +14,7 @@ installer, requests nor torch, and touches nothing in the store.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -165,23 +167,25 @@ def _content(path: Path) -> str | None:
 
 
 def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: list[Path], host: list[Path],
-                  outcome: Outcome) -> None:
+                  outcome: Outcome, links: list[str] | None = None) -> None:
     """What a later no-op trusts: the fingerprints of the recipe, of every file it read (``local``: locks,
     patches, folder sources) and of the host's files (``host``: interpreters, torch, compilers; the running
     interpreter's tags and markers chose the wheels), with the hashes of the recipe's files for a copy of them,
-    and what this realize produced."""
+    and what this realize produced: its profile and the other profiles it made (``links``: names under
+    profiles/, a recipe that builds has its toolchain's), each with its target."""
     recipe = fs.resolve(recipe_path)
     base = recipe.parent
     hashes = {os.path.relpath(p, base): _content(p) for p in local}
     host_files = [str(p) for p in [*host, Path(sys.executable).resolve()]]
     try:
         profile = os.readlink(outcome.profile)
+        targets = {name: os.readlink(root.profiles / name) for name in links or ()}
     except FileNotFoundError:   # `gc --drop-root` forgot the recipe meanwhile: no no-op for what is forgotten
         return
     value: dict[str, Any] = {
              "name": outcome.name, "tree": outcome.tree, "entries": outcome.entries,
              "counts": outcome.counts.to_json(),
-             "profile": profile, "receipt": str(outcome.receipt) if outcome.receipt else None,
+             "profile": profile, "links": targets, "receipt": str(outcome.receipt) if outcome.receipt else None,
              "python": outcome.python, "archs": outcome.archs, "cuda": outcome.cuda,
              "local": hashes, "host": host_files}
     cache = root.cache("realize")
@@ -191,12 +195,29 @@ def record_inputs(root: Root, recipe_path: Path, variant: str | None, local: lis
         cache.put(_content_key(digest, variant), value, host_files)
 
 
+def outside_inputs(root: Root, inputs: list[str]) -> list[Path]:
+    """The files outside the root among a build's object inputs (as its object records list them): a header
+    #included by absolute path, the host's system headers. A no-op trusts them by fingerprint as it trusts the
+    host's files; a changed one sends the realize on to its object lookup, which re-hashes every input
+    (docs/reuse.md). Fixed names (``/hermetic/...``: the root, the build's folders, the host's torch and
+    Python headers, covered by the interpreter's and torch's own fingerprints) are no files of the host."""
+    inside = (fs.resolve(root.path), root.path)
+    out: set[Path] = set()
+    for p in inputs:
+        if not os.path.isabs(p) or p.startswith("/hermetic/"):
+            continue
+        q = Path(p)
+        if not any(q.is_relative_to(r) for r in inside) and q.is_file():
+            out.add(q)
+    return sorted(out)
+
+
 def noop_check(root: Root, recipe_path: Path, variant: str | None = None) -> Outcome | None:
     """The previous outcome when no input changed and every entry is still there, else None."""
     cache = root.cache("realize")
     state = cache.get(_key(recipe_path, variant))
     if isinstance(state, dict):
-        return _outcome(root, state, recipe_path)
+        return _outcome(root, state, recipe_path, variant)
     return _same_bytes(root, recipe_path, variant)
 
 
@@ -215,18 +236,65 @@ def _same_bytes(root: Root, recipe_path: Path, variant: str | None) -> Outcome |
         return None
     if any(_content(p) != h for p, h in local.items()):
         return None
-    outcome = _outcome(root, state, recipe_path)
+    outcome = _outcome(root, state, recipe_path, variant)
     if outcome is None:
         return None
     if root.read_only:  # a dry run: the same answer, nothing refreshed
         return outcome
     cache.put(_key(recipe_path, variant), state, [recipe, *local, *host])  # its bytes, trusted by fingerprint
-    from hermetic.store.roots import write_root  # the common no-op (fingerprints unchanged) needs it not
-    write_root(root, outcome.name, recipe, outcome.entries)   # a new recipe path is no change to the gc root
+    from hermetic.store.roots import root_owner, write_root  # the common no-op (fingerprints unchanged) needs it not
+    owner = root_owner(_recipe_name(state, variant), variant)
+    write_root(root, outcome.name, recipe, outcome.entries, owner)   # a new recipe path is no change to the gc root
     return outcome
 
 
-def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | None:
+def _toolchain_link_then(root: Root, state: dict[str, Any], variant: str | None) -> dict[str, str] | None:
+    """The toolchain's profile of a record written before records named it (an older hermetic's build): taken
+    as that realize left it when it points at an entry the record holds (the toolchain's tree is one of the
+    realize's entries), so the first realize after an upgrade stays a no-op; else None (realize again)."""
+    label = f"{_recipe_name(state, variant)}.toolchain"
+    try:
+        target = os.readlink(root.profiles / label)
+    except OSError:
+        return None
+    parts = target.split("/")
+    if len(parts) != 5 or parts[:3] != ["..", "store", "entries"] or parts[4] != "out" \
+            or parts[3] not in state["entries"]:
+        return None
+    return {label: target}
+
+
+def _owned_by_another(root: Root, name: str, recipe: str, variant: str | None) -> bool:
+    """Whether the gc root ``name`` is not recipe ``recipe``'s ``variant`` (roots.root_owner; read here without
+    importing the records' module, which a no-op does not need otherwise). A malformed owner counts as another's
+    (the realize then says what is wrong with it); a root an older hermetic wrote, without an owner, gets this
+    one's when its recipe file says it is this recipe's (``roots.owner_in_root``)."""
+    path = root.roots / f"{name}.json"
+    mine = {"recipe": recipe, "variant": variant or ""}
+    try:
+        record = json.loads(fs.read_regular(path, 1 << 20))
+        owner = record.get("owner")
+    except (OSError, ValueError, AttributeError):
+        return False   # unreadable: the realize's own checks say what is wrong with it
+    if owner is not None:
+        return bool(owner != mine)
+    from hermetic.errors import BadRecord
+    from hermetic.store.roots import owner_in_root  # only for an older hermetic's root
+    try:
+        if owner_in_root(root, name) not in (None, mine):
+            return True
+    except BadRecord:
+        return True
+    if not root.read_only:
+        fs.atomic_write(path, fs.pretty_json({**record, "owner": mine}))
+    return False
+
+
+def _recipe_name(state: dict[str, Any], variant: str | None) -> str:
+    return str(state["name"]) if variant is None else str(state["name"]).removesuffix(f".{variant}")
+
+
+def _outcome(root: Root, state: dict[str, Any], recipe_path: Path, variant: str | None) -> Outcome | None:
     try:
         store = Store(root.store)
         profile = root.profiles / state["name"]
@@ -235,8 +303,19 @@ def _outcome(root: Root, state: dict[str, Any], recipe_path: Path) -> Outcome | 
             return None
         if not profile.is_symlink() or os.readlink(profile) != state["profile"]:
             return None
+        links = state.get("links")
+        if links is None and state.get("cuda") is not None:
+            links = _toolchain_link_then(root, state, variant)
+            if links is None:
+                return None
+        for link, target in (links or {}).items():   # the toolchain's profile: there, and what the realize made
+            if "/" in link or not isinstance(target, str) or not (root.profiles / link).is_symlink() \
+                    or os.readlink(root.profiles / link) != target:
+                return None
         if not (root.roots / f"{state['name']}.json").exists():
             return None
+        if _owned_by_another(root, state["name"], _recipe_name(state, variant), variant):
+            return None   # another recipe's root of that name now: the realize says so (pipeline.check_owner)
         receipt = Path(state["receipt"]) if state.get("receipt") else None
         if receipt is not None and not receipt.exists():
             # gc --drop-root removed it, and a realize killed after writing the root (before its own receipt

@@ -29,16 +29,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from hermetic import procs
+from hermetic import fs, procs
 from hermetic.audit import OutsideRootAudit
 from hermetic.config import Config, Setting
 from hermetic.config import load as load_config
 from hermetic.errors import BadInput, HermeticError
-from hermetic.extensions.toolchain import toolchain_links
+from hermetic.extensions.toolchain import toolchain_label, toolchain_links
 from hermetic.interpreter import WHERE, Interpreter, interpreter
 from hermetic.locks.cache import read_lock_cached
 from hermetic.locks.types import Lock
-from hermetic.realize.noop import Counts, ObjectCounts, Outcome, record_inputs
+from hermetic.realize.noop import Counts, ObjectCounts, Outcome, outside_inputs, record_inputs
 from hermetic.realize.receipt import write_receipt
 from hermetic.recipe import Recipe, Variant, load_recipe
 from hermetic.reporter import Reporter
@@ -46,7 +46,7 @@ from hermetic.root import Root, lock_dir
 from hermetic.sandbox import Sandbox, choose
 from hermetic.store import Store, entry_ref, split_refs
 from hermetic.store.records import FileMap
-from hermetic.store.roots import write_root
+from hermetic.store.roots import describe_owner, owner_in_root, owner_unknown, read_root, root_owner, write_root
 from hermetic.store.trees import build_tree, merge_files, set_profile
 from hermetic.wheels.scripts import launchers, with_shebangs
 from hermetic.wheels.unpacked import (
@@ -92,7 +92,9 @@ def realize(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeO
 
 def _attempt(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions, *,
              guess: bool) -> Outcome:
-    clock, audit = Clock(), start_audit(root)
+    config = options.config or load_config(Path(recipe_path).resolve().parent)
+    options = options._replace(config=config)
+    clock, audit = Clock(), start_audit(root, lock_dir(config.resolve("lock_dir").value))
     job = validate(root, recipe_path, reporter, options)                                     # 1
     pending = Pending()   # what a failed realize must stop: the host's probe, the import check's interpreter
     with job.sandbox.confined():
@@ -140,6 +142,7 @@ class Validated(NamedTuple):
     sandbox: Sandbox
     lock_folder: Path
     jobs: Setting                       # the recipe's limits.jobs, and where the number came from
+    config: Config                      # the hermetic.toml files that apply (the build cluster reads them)
 
     @property
     def builds(self) -> bool:
@@ -222,8 +225,9 @@ class Clock:
 
 
 # the steps -------------------------------------------------------------------------------------------------
-def start_audit(root: Root) -> OutsideRootAudit:
-    audit = OutsideRootAudit(root.path)   # what children leave outside the root
+def start_audit(root: Root, lock_folder: Path) -> OutsideRootAudit:
+    """What children leave outside the root (the lock folder the settings chose watched as one)."""
+    audit = OutsideRootAudit(root.path, lock_folders=[lock_folder])
     audit.start()
     return audit
 
@@ -238,24 +242,89 @@ def read_recipe(recipe_path: Path, variant: str | None) -> tuple[Recipe, list[Va
     return recipe, variants, recipe.name if variant is None else f"{recipe.name}.{variant}"
 
 
+class Settings(NamedTuple):
+    """Every setting of a realize, checked (``check_settings``)."""
+    jobs: Setting
+    sandbox: Setting
+    lock_folder: Path
+
+
+def check_settings(recipe: Recipe, config: Config, options: RealizeOptions) -> Settings:
+    """Every setting a realize takes, checked before the root is touched (a bad one is exit 2 naming the option,
+    variable, or file and line): jobs, the sandbox's mode, the lock folder, the remote cache's URL and mode, the
+    trusted keys' files and, for a recipe that builds, the build cluster. A realize, ``--check`` and
+    ``--dry-run`` call it alike (docs/config.md), so the three say the same words."""
+    limits = recipe.limits
+    jobs = config.resolve("jobs", options.jobs, limits.jobs if limits.jobs_set else None,
+                          recipe.doc.where("limits", "jobs"))
+    mode = config.resolve("sandbox", options.sandbox, limits.sandbox,
+                          recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
+    lock_folder = lock_dir(config.resolve("lock_dir").value)
+    from hermetic.remote.settings import resolve_settings
+    resolve_settings(options.remote, os.environ, recipe.remote_url, recipe.remote_mode,
+                     recipe.doc.where("remote") if recipe.remote_url or recipe.remote_mode else "", config)
+    from hermetic.store.provenance import load_trusted
+    keys = config.resolve("trusted_keys")
+    load_trusted(keys.value, keys.origin)   # a missing file, a folder, a FIFO: bad input now, not at the remote
+    if recipe.extensions:
+        from hermetic.extensions.dist import resolve_dist
+        resolve_dist(options.dist, os.environ, recipe.remote_dist, recipe.doc.where("remote", "dist"), config)
+    return Settings(jobs, mode, lock_folder)
+
+
+def check_owner(root: Root, recipe: Recipe, variant: str | None, name: str) -> None:
+    """The root ``name`` (and its profile) is this recipe's or variant's, or nobody's yet: recipe ``vx``'s variant
+    ``b`` and a recipe named ``vx.b`` would replace each other's profile (exit 2, naming the one there)."""
+    owner = owner_in_root(root, name)   # BadRecord (exit 2 naming the file) for a malformed root
+    mine = root_owner(recipe.name, variant)
+    if owner is None and (then := owner_unknown(root, name, recipe.path)) is not None:
+        raise BadInput(f"the root {name} was written by an older hermetic for the recipe {then}, which is gone or "
+                       f"unreadable: whether it is {describe_owner(mine)}'s cannot be told",
+                       where=recipe.doc.where(*(("recipe", "name") if variant is None else ("variants", variant))),
+                       hint=f"forget that root with `hermetic gc --drop-root {name}` (its entries stay until gc), "
+                            f"then realize again")
+    if owner is None or owner == mine:
+        return
+    try:
+        made_by = str(read_root(root.roots / f"{name}.json")["recipe"])
+    except OSError:
+        made_by = "?"
+    raise BadInput(f"the root {name} is {describe_owner(owner)} ({made_by}): realizing {describe_owner(mine)} "
+                   f"would replace its profile {root.profiles / name}",
+                   where=recipe.doc.where(*(("recipe", "name") if variant is None else ("variants", variant))),
+                   hint=f"rename this recipe or variant, or forget the other with `hermetic gc --drop-root {name}`")
+
+
 def validate(root: Root, recipe_path: Path, reporter: Reporter, options: RealizeOptions) -> Validated:
     recipe, variants, name = read_recipe(recipe_path, options.variant)
     config = options.config or load_config(recipe.path.parent)
+    settings = check_settings(recipe, config, options)
+    check_owner(root, recipe, options.variant, name)
     root.ensure()
     limits = recipe.limits
     for warning in limits.warnings:   # CPUs of [limits] cpus this machine lacks
         reporter.warn(warning)
-    jobs = config.resolve("jobs", options.jobs, limits.jobs if limits.jobs_set else None,
-                          recipe.doc.where("limits", "jobs"))
+    jobs, mode, lock_folder = settings
     recipe = replace(recipe, limits=replace(limits, jobs=jobs.value, jobs_set=jobs.level != "default"))
-    mode = config.resolve("sandbox", options.sandbox, limits.sandbox,
-                          recipe.doc.where("limits", "sandbox") if limits.sandbox else "")
-    lock_folder = lock_dir(config.resolve("lock_dir").value)
-    sandbox = choose(root, mode.value, mode.origin, lock_folder)
+    sandbox = choose(root, mode.value, mode.origin, lock_folder,
+                     network=_cluster_needs_network(options, recipe, config), domain=f"recipe-{recipe.name}",
+                     build=recipe.name if recipe.extensions else None)
     say_sandbox(reporter, sandbox, f"realizing {name}")
     store = Store(root.store).open()
     share = open_sharing(store, recipe, options.remote, reporter, options.offline, config)
-    return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder, jobs)
+    return Validated(recipe, variants, options.variant, name, store, share, sandbox, lock_folder, jobs, config)
+
+
+def _cluster_needs_network(options: RealizeOptions, recipe: Recipe, config: Config) -> str:
+    """Why the build's children keep the machine's network: a build cluster compiles (extensions/dist.py:
+    sccache talks to its scheduler), as ``resolve_dist`` chooses it (one a repository chose and the user did not
+    name is not used); "" where none is, and the sandbox takes the network from them (--unshare-net)."""
+    if not recipe.extensions:
+        return ""
+    from hermetic.extensions.dist import resolve_dist
+    cluster = resolve_dist(options.dist, os.environ, recipe.remote_dist, recipe.doc.where("remote", "dist"), config)
+    return "" if cluster is None or cluster.withheld else "a build cluster compiles (its client talks to the " \
+                                                          "scheduler)"
 
 
 def qualify(root: Root, recipe: Recipe) -> Qualified:
@@ -301,7 +370,11 @@ def build_context(root: Root, job: Validated, fetched: Fetched, host: Qualifying
     from hermetic.extensions.toolchain import prepare_toolchain
     toolchain = prepare_toolchain(root, job.store, job.recipe, fetched.toolchain, host.facts, reporter)
     # each input stat'ed once while planning (extensions.graph makes the hasher live before the first compile)
-    cluster = resolve_dist(dist, os.environ, job.recipe.remote_dist, job.recipe.doc.where("remote", "dist"))
+    cluster = resolve_dist(dist, os.environ, job.recipe.remote_dist, job.recipe.doc.where("remote", "dist"),
+                           job.config)
+    if cluster is not None and cluster.withheld:
+        reporter.warn(cluster.withheld)
+        cluster = None
     return BuildContext(root, job.store, job.recipe, host.facts, toolchain, reporter, job.share,
                         InputHasher(root, snapshot=True), cluster)
 
@@ -342,8 +415,9 @@ def materialize(root: Root, job: Validated, qualified: Qualified, fetched: Fetch
         files.update({m.filename: (m.digest, False) for m in built.modules})
         refs += built.refs
     tree, tree_built = build_tree(store, job.name, files, links, refs=refs)
-    return Materialized(files, refs, tree, tree_built, set_profile(root.profiles, job.name, store, tree),
-                        store.entry_path(tree) / "out")
+    # the profile is only named here: `finish` points it at the tree under the name's lock, after the owner check
+    # (set here, a realize refused there had already replaced another recipe's profile: attack47's re-attack B4)
+    return Materialized(files, refs, tree, tree_built, root.profiles / job.name, store.entry_path(tree) / "out")
 
 
 def check_imports(check: ImportCheck | None, built: RecipeBuild | None, env: Materialized, reporter: Reporter,
@@ -379,9 +453,13 @@ def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, b
                       changed=changed, python=job.recipe.python, archs=list(tc.archs) if tc else [],
                       cuda=tc.cuda if tc else None)
     reporter.event("phase", phase="receipt")
-    outcome.changed |= write_root(root, job.name, job.recipe.path, entries)
-    # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
-    set_profile(root.profiles, job.name, job.store, env.tree)
+    # the owner checked again under the name's lock: another recipe of this name realized meanwhile (attack47)
+    with fs.FileLock(job.store.locks / f"root-{job.name}.lock", what=f"the gc root {job.name}"):
+        check_owner(root, job.recipe, job.variant, job.name)
+        owner = root_owner(job.recipe.name, job.variant)
+        outcome.changed |= write_root(root, job.name, job.recipe.path, entries, owner)
+        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
+        set_profile(root.profiles, job.name, job.store, env.tree)
     report["sandbox"] = job.sandbox.record()
     # the number the build ran with (the recipe's limits, as validate set them), and which place gave it
     report["jobs"] = {"value": job.recipe.limits.jobs, "level": job.jobs.level, "from": job.jobs.origin}
@@ -392,8 +470,13 @@ def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, b
     trail.clock.total()   # the realize's one duration, as the command says it (writing the receipt not included)
     outcome.receipt = write_receipt(root, outcome, [*qualified.locks, *qualified.toolchain_locks],
                                     [*fetched.environment, *fetched.toolchain], report)
+    # the toolchain's profile (prepare_toolchain's) is one more link a no-op must find as this realize left it
+    links = [toolchain_label(job.recipe)] if job.builds else []
+    objects = [p for m in (b.modules if b is not None else []) for d in m.choices if d.record is not None
+               for p, _mode, _h in d.record["inputs"]]
     record_inputs(root, job.recipe.path, job.variant, job.recipe.inputs(),
-                  [*host_paths(built.ctx), Path(qualified.python.executable)], outcome)
+                  [*host_paths(built.ctx), Path(qualified.python.executable), *outside_inputs(root, objects)],
+                  outcome, links)
     return outcome
 
 
@@ -425,7 +508,7 @@ def say_bytecode_cleared(reporter: Reporter) -> None:
 def say_refused(reporter: Reporter, sandbox: Sandbox) -> None:
     """The writes the sandbox refused to children that carried on (one that failed is an error)."""
     for r in sandbox.confinement.refused if sandbox.confinement is not None else []:
-        reporter.warn(f"the sandbox refused {r.program} a write to {r.path} (it carried on): {r.line.strip()}",
+        reporter.warn(f"{r.program} said the sandbox refused it a write to {r.path} (it carried on): {r.line.strip()}",
                       path=r.path)
 
 
@@ -459,6 +542,8 @@ def open_sharing(store: Store, recipe: Recipe, options: RemoteOptions | None,
                                 config)
     if settings is None:
         return None
+    for note in settings.notes:
+        reporter.warn(note)
     if offline:
         reporter.event("remote", f"offline: the remote cache {settings.url} is not used", offline=True)
         return None

@@ -25,13 +25,15 @@ folders outside the root. Room for issue 38 (``realize --check``): ``locate=Fals
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hermetic.config import load as load_config
 from hermetic.interpreter import WHERE
 from hermetic.realize.noop import Counts, ObjectCounts, noop_check
-from hermetic.realize.pipeline import RealizeOptions, qualify, read_recipe
+from hermetic.realize.pipeline import RealizeOptions, check_owner, check_settings, qualify, read_recipe
 from hermetic.recipe import Recipe, Variant
 from hermetic.reporter import Reporter
 from hermetic.root import Root
@@ -125,9 +127,15 @@ def plan_realize(root: Root, recipe_path: Path, reporter: Reporter, options: Rea
     root = replace(root, read_only=True)
     store = Store(root.store, read_only=True).open()   # a store of another format is refused, as a realize would
     outcome = noop_check(root, recipe_path, options.variant)
-    if outcome is not None:
+    if outcome is not None:   # as the no-op realize: it reads no setting, none of which changes what it makes
         return Plan(outcome.name, outcome.profile, True, outcome.tree, outcome.counts, [], None, [], [], [])
+    # what a realize checks before its work, in its order and with its words (docs/config.md): the hermetic.toml
+    # files, the recipe, every setting, then the root (read-only here: what Root.ensure would refuse)
+    config = options.config or load_config(Path(recipe_path).resolve().parent)
     recipe, variants, name = read_recipe(recipe_path, options.variant)
+    check_settings(recipe, config, options)
+    check_owner(root, recipe, options.variant, name)   # another recipe's root of that name: exit 2, as realize
+    check_root(root)
     qualified = qualify(root, recipe)
     accepts = Accepts(qualified.python.tags)
     wheels = [*plan_wheels(store, qualified.locks, accepts, "environment"),
@@ -151,6 +159,25 @@ def plan_realize(root: Root, recipe_path: Path, reporter: Reporter, options: Rea
                     objects=ObjectCounts.from_decisions(tally) if modules else None,
                     modules_linked=sum(1 for m in modules if m.link.action == "link") if modules else None)
     return Plan(name, root.profiles / name, False, None, counts, wheels, toolchain, sources, modules, notes)
+
+
+def check_root(root: Root) -> None:
+    """What ``Root.ensure`` refuses, said without writing (its words): a folder of other files and no marker (a
+    mistyped --root), a root of a later format, a root's own folder that is no folder. A missing or empty folder
+    is fine: a realize would make the root there."""
+    from hermetic.root import ROOT_FORMAT, ROOT_MARKER, refuse_folders
+    found = root.marker_format()
+    if found is None:
+        try:
+            others = sorted(n for n in os.listdir(root.path)
+                            if not (n.startswith(f".{ROOT_MARKER}.") and n.endswith(".tmp")))
+        except FileNotFoundError:
+            return
+        if others:
+            raise root.unmarked_error(others)
+    if found is not None and found > ROOT_FORMAT:
+        raise root.too_new_error(found)
+    refuse_folders(root.folder_problems())
 
 
 def _plan_build(root: Root, store: Store, recipe: Recipe, variants: list[Variant], wheels: list[WheelStep],

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hermetic.config import Config
+from hermetic.config import REPOSITORY_LEVELS, Config
 from hermetic.errors import BadInput
-from hermetic.urls import split_credentials
+from hermetic.urls import same_origin, split_credentials
 
 ENV_URL, ENV_MODE = "HERMETIC_REMOTE_CACHE", "HERMETIC_REMOTE_CACHE_MODE"
 ENV_TOKEN, ENV_TIMEOUT = "HERMETIC_REMOTE_CACHE_TOKEN", "HERMETIC_REMOTE_CACHE_TIMEOUT"
@@ -38,6 +38,7 @@ class RemoteSettings:
     auth: tuple[str, str] | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     timeout: float = DEFAULT_TIMEOUT
+    notes: tuple[str, ...] = ()                # what of the user's settings was not applied, and why (warnings)
 
     @property
     def writable(self) -> bool:
@@ -63,11 +64,25 @@ def resolve_settings(options: RemoteOptions | None, environ: Mapping[str, str],
     if mode.value not in MODES:
         raise BadInput(f"remote cache mode {mode.value!r} is not one of {', '.join(MODES)}", where=mode.origin,
                        hint="ro reads the remote cache, rw also writes it (trusted builders only), off ignores it")
-    mode = mode.value
-    if not url or mode == "off":
+    notes: list[str] = []
+    if not url or mode.value == "off":
         return None
     base, auth = split_credentials(url, source)
+    chosen_by_repository = url_setting.level in REPOSITORY_LEVELS and not any(
+        same_origin(base, split_credentials(u, "")[0]) for u in config.users_values("remote.url"))
+    if mode.value == "rw" and mode.level in REPOSITORY_LEVELS:   # writers are trusted builders: the user says so
+        notes.append(f"{mode.origin} asks to write to the remote cache {base}: a repository cannot make a cache "
+                     f"writable, so it is read-only (set {ENV_MODE}=rw, or mode in your user file, to write)")
+        mode = mode._replace(value="ro")
+    if auth and url_setting.level == "project":
+        raise BadInput(f"the remote cache URL of {source} carries credentials; a project's hermetic.toml is "
+                       "shared, credentials are not", where=source,
+                       hint=f"keep the URL bare there and put the credentials in {ENV_TOKEN} or your user file")
     token = environ.get(ENV_TOKEN) or None
+    if token and chosen_by_repository:
+        notes.append(f"{ENV_TOKEN} is not sent to {base}: {source} chose that server, and the token goes only to "
+                     f"a remote cache you named (--remote-cache, {ENV_URL}, your user or system hermetic.toml)")
+        token = None
     if token and auth:
         raise BadInput(f"the remote cache {base} has credentials in its URL and {ENV_TOKEN} is set",
                        where=source, hint="use one: user:password@ in the URL (basic) or the token (bearer)")
@@ -79,4 +94,4 @@ def resolve_settings(options: RemoteOptions | None, environ: Mapping[str, str],
     if not 0 < timeout <= 3600:
         raise BadInput(f"{ENV_TIMEOUT}={raw_timeout!r} is not a number of seconds (0-3600)", where=ENV_TIMEOUT,
                        hint=f"for example {ENV_TIMEOUT}=30")
-    return RemoteSettings(base, mode, source, auth, token, timeout)
+    return RemoteSettings(base, mode.value, source, auth, token, timeout, tuple(notes))

@@ -54,9 +54,15 @@ def use_kernel_caches(base: str) -> dict[str, Any]:
     key = cache_key(torch.__version__, torch.version.cuda, package_version("triton"),
                     f"{sys.version_info[0]}.{sys.version_info[1]}", torch.backends.cpu.get_cpu_capability())
     folders = {}
+    real = os.path.join(os.path.realpath(base), key)
     for name, var in CACHE_VARIABLES.items():
         path = os.path.join(base, key, name)
+        for place in (os.path.join(base, key), path):   # a link this runner's own earlier process planted (at a
+            if os.path.islink(place):                   # key not yet used) would lead to another runner's kernels
+                os.unlink(place)
         os.makedirs(path, exist_ok=True)
+        if os.path.realpath(path) != os.path.join(real, name):
+            raise RuntimeError(f"the kernel cache folder {path} is not a folder of {base}")
         os.environ[var] = path
         folders[var] = path
     return {"key": key, "folder": os.path.join(base, key), "variables": folders}

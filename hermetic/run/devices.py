@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hermetic import fs
-from hermetic.errors import PreconditionFailed, path_error
+from hermetic.errors import BadInput, PreconditionFailed, path_error
 from hermetic.reporter import Reporter
 from hermetic.root import DEFAULT_LOCK_DIRS, lock_dir
 from hermetic.run.spec import Runner
@@ -37,6 +37,13 @@ def take_lock(directory: Path, name: str, timeout: float, reporter: Reporter, wh
     lock = fs.FileLock(path, timeout=timeout, what=what, single_link=True)
     try:
         if not os.path.lexists(directory):
+            if str(directory) not in DEFAULT_LOCK_DIRS:   # a named folder is the admin's to make, never ours
+                raise BadInput(f"the lock folder {directory} does not exist: hermetic makes only its default lock "
+                               f"folders ({', '.join(DEFAULT_LOCK_DIRS)}), never one a setting names",
+                               where=str(directory),
+                               hint=f"make it once for every user (mkdir -m 1777 {directory}), or name an existing "
+                                    f"lock folder (HERMETIC_LOCK_DIR, a hermetic.toml's lock_dir; `hermetic config` "
+                                    f"says which one named this)")
             _make_shared_folder(directory)
         t0 = time.monotonic()
         got = lock.acquire(blocking=False)

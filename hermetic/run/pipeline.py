@@ -75,6 +75,11 @@ class RunOptions(NamedTuple):
 
 
 # the values the steps hand on -------------------------------------------------------------------------------
+def run_domain(runner: str) -> str:
+    """The trust domain of a runner's measuring process: its home and its kernel cache (sandbox.py)."""
+    return f"run-{runner}"
+
+
 class RunSetup(NamedTuple):
     """Step 1: the runner, the device it measures and where its locks lie."""
     runner: Runner
@@ -187,13 +192,16 @@ def validate(root: Root, runner_path: Path, reporter: Reporter, options: RunOpti
     from hermetic.config import load
     config = load(runner_path.parent)
     gpu_dir = spec.lock_dir if kind == "gpu" else None
-    ldir = lock_dir(config.resolve("lock_dir", None, gpu_dir, runner.doc.where(kind, "lock_dir")).value)
+    chosen = config.resolve("lock_dir", None, gpu_dir, runner.doc.where(kind, "lock_dir"))
+    config.check_machines_lock_dir(chosen)
+    ldir = lock_dir(chosen.value)
     audit = _audit(root, ldir)
     from hermetic.realize.pipeline import say_sandbox
     from hermetic.sandbox import choose
     mode = config.resolve("sandbox", options.sandbox, spec.sandbox,
                           runner.doc.where(kind, "sandbox") if spec.sandbox else "")
-    sandbox = choose(root, mode.value, mode.origin, ldir)
+    sandbox = choose(root, mode.value, mode.origin, ldir, network="the measuring process keeps the machine's network",
+                     domain=run_domain(runner.name), kernels=True)
     say_sandbox(reporter, sandbox, "the measuring process")
     return RunSetup(runner, kind, spec, ldir, sandbox, audit)
 
@@ -496,9 +504,11 @@ def measure_in_child(root: Root, setup: RunSetup, realized: list[Realized], lock
     written before the error is said)."""
     from hermetic.procs import Limits, run_limited
     from hermetic.run.guard import MemoryGuard
+    from hermetic.sandbox import kernel_cache
     spec, kind = setup.spec, setup.kind
     plan = make_plan(setup, locked, run_dir)
-    plan["kernel_cache"] = str(root.cache_dir("kernels"))  # the child keys a folder in it by torch and triton
+    # the runner's own (sandbox.kernel_cache): the child keys a folder in it by torch and triton
+    plan["kernel_cache"] = str(kernel_cache(root, run_domain(setup.runner.name)))
     plan_path = run_dir / "plan.json"
     fs.atomic_write_json(plan_path, plan, pretty=True)
     env = child_env(root, setup, realized, [g.uuid for g in (locked.gpu, locked.peer) if g is not None])

@@ -531,7 +531,8 @@ class Store:
         return entries, strays
 
     def entry_lock(self, name: str) -> fs.FileLock:
-        return fs.FileLock(self.locks / f"{name}.lock", what=f"store entry {name}")
+        return fs.FileLock(self.locks / f"{name}.lock", what=f"store entry {name}",
+                           hint="run `hermetic verify --repair`, which removes it (never opened or followed)")
 
     @contextlib.contextmanager
     def build_entry(self, name: str) -> Iterator[Staging | None]:
@@ -616,7 +617,7 @@ class Store:
 
     def index_list(self, key: str) -> list[str]:
         folder = self.path / "index" / key[:2] / key
-        return sorted(os.listdir(folder)) if folder.is_dir() else []
+        return list_names(folder)   # a link where the folder belongs lists nothing: never followed (a miss)
 
 
 class Staging:

@@ -148,15 +148,26 @@ def _held(name: str, parent: int) -> bool:
 
 
 def stale_caches(root: Root) -> list[Path]:
-    """Folders under state/ that no bucket of root.CACHES names: an earlier format of a derived cache."""
+    """Folders under state/ of an earlier format of one of hermetic's buckets (root.CACHES): ``<name>-v<N>`` for
+    a bucket's name and another version. Nothing else there is hermetic's: a user's README, notes/ or
+    mydata-v1/ is never opened, never deleted (outside attack r1, finding 8)."""
     current = {c.folder for c in CACHES.values()}
-    return [root.state / name for name, _st, _held in _leftovers(root.state) if name not in current]
+    return [root.state / name for name, _st, _held in _leftovers(root.state)
+            if name not in current and _bucket_folder(name)]
+
+
+def _bucket_folder(name: str) -> bool:
+    """Whether ``name`` is ``<bucket>-v<N>`` for one of hermetic's bucket names (root.CACHES)."""
+    bucket, sep, version = name.rpartition("-v")
+    return bool(sep) and bucket in CACHES and version.isascii() and version.isdigit()
 
 
 def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600) -> tuple[GcPlan, int]:
     store = Store(root.store)
     if not store.exists():
         return GcPlan(), 0
+    # a folder of someone's files (a mistyped --root, a planted store/FORMAT) is never collected in
+    root.refuse_unmarked("gc --drop-root" if dropped else "gc")
     # nothing is deleted through a link where the root's or the store's own folder belongs (store/trash linked
     # to a folder of the user's would have it emptied): refused, exit 2, as for a root that cannot be read
     refuse_folders(layout_problems(root, store, readable=True))

@@ -171,6 +171,7 @@ class RootRecord(TypedDict):
     profile: str
     refs: list[str]
     imported_from: NotRequired[str]   # the archive it came from: its recipe is the exporter's, repair never runs it
+    owner: NotRequired[dict[str, str]]   # {"recipe", "variant" ("" for none)}: which realize's name it is (roots.py)
 
 
 class ReceiptHead(TypedDict):
@@ -190,6 +191,18 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # characters) or a blob's (its sha256, an x for an executable); nothing else, so never a path (``../``)
 _REF = re.compile(r"^(?:entry:[0-9a-f]{32}-[A-Za-z0-9._+-]+|blob:[0-9a-f]{64}x?)$")
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
+# a path a record names inside its entry: relative, no empty, '.' or '..' part, no control character
+_UNSAFE_PATH = re.compile(r"(^|/)\.{0,2}(/|$)|^/|[\x00-\x1f\x7f]")
+
+
+def check_relpath(rel: str) -> None:
+    """A relative path with no empty, '.' or '..' part and no control character (ValueError otherwise)."""
+    if not rel or _UNSAFE_PATH.search(rel):
+        raise ValueError(f"unsafe path {rel!r}")
+
+
+def _plain(rel: str) -> bool:
+    return bool(rel) and not _UNSAFE_PATH.search(rel)
 RECORD_LIMIT = 256 << 20   # no record of this store is near it (the largest, a toolchain tree's, is a few MB)
 
 
@@ -273,6 +286,13 @@ def entry_problem(meta: object, name: str) -> str | None:
         return why
     if meta["name"] != name:
         return f"it names another entry ({_short(meta['name'])})"
+    # every path it names lies inside its entry: never absolute, never through '..' (outside attack r1, finding 9)
+    for key, what in (("files", "file"), ("links", "link")):
+        for rel in meta.get(key) or ():
+            if not _plain(rel):
+                return f"its {what} path {_short(rel)} is absolute or leaves the entry (not a plain relative path)"
+    if kind == "module" and not _plain(meta["file"]):
+        return f"its 'file' {_short(meta['file'])} is absolute or leaves the entry (not a plain relative path)"
     if kind == "unpacked":
         for key, ok in (("scripts", lambda v: isinstance(v, list) and all(
                 isinstance(s, list) and len(s) == 4 and all(isinstance(p, str) for p in s) for s in v)),
@@ -303,7 +323,20 @@ def root_problem(record: object) -> str | None:
                             "refs": _is_ref_list})
     if why is None and "imported_from" in record and not isinstance(record["imported_from"], str):
         return f"its 'imported_from' is malformed ({_short(record['imported_from'])})"
+    if why is None and "owner" in record and not _is_owner(record["owner"]):
+        return f"its 'owner' is malformed ({_short(record['owner'])})"
     return why
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")   # a recipe's or variant's name (recipe.NAME_RE)
+
+
+def _is_owner(value: object) -> bool:
+    """A root's owner: ``{"recipe": NAME, "variant": NAME or ""}``, plain names (letters, digits, . _ -)."""
+    def plain(v: object, empty: bool) -> bool:
+        return isinstance(v, str) and ((empty and v == "") or _PLAIN.fullmatch(v) is not None)
+    return isinstance(value, dict) and set(value) == {"recipe", "variant"} and plain(value["recipe"], False) \
+        and plain(value["variant"], True)
 
 
 def receipt_problem(record: object) -> str | None:

@@ -140,11 +140,58 @@ def drop_root(root: Root, name: str) -> None:
         link.unlink()
 
 
-def write_root(root: Root, name: str, recipe_path: Path, entries: list[str]) -> bool:
-    """The gc root of a recipe (or one variant of it), rewritten when its entries or its recipe's path change;
-    True when the entries changed (a recipe at a new path with the same entries is no change)."""
+def root_owner(recipe: str, variant: str | None) -> dict[str, str]:
+    """Who a root (and its profile) belongs to: recipe ``vx``'s variant ``b`` and a recipe named ``vx.b`` both
+    realize under the name ``vx.b``; the root records which one made it (``owner``)."""
+    return {"recipe": recipe, "variant": variant or ""}
+
+
+def owner_in_root(root: Root, name: str) -> dict[str, str] | None:
+    """The owner of the root ``name``: the one it records, else (an older hermetic's root) the one its recipe file
+    names if that file is still there; None when there is no such root or its recipe file is gone. BadRecord
+    (exit 2 naming the file) for a root that fails its check (``root_problem``: a malformed owner among it)."""
+    try:
+        record = read_root(root.roots / f"{name}.json")
+    except FileNotFoundError:
+        return None
+    owner = record.get("owner")
+    if isinstance(owner, dict):
+        return {"recipe": owner["recipe"], "variant": owner["variant"]}
+    try:   # written before roots named their owner: the recipe file it names says whose it is
+        import tomllib
+        recipe = tomllib.loads(fs.read_regular(record["recipe"], 1 << 20).decode())["recipe"]["name"]
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    if not isinstance(recipe, str) or not (name == recipe or name.startswith(f"{recipe}.")):
+        return None
+    return root_owner(recipe, name[len(recipe) + 1:] or None)
+
+
+def owner_unknown(root: Root, name: str, recipe_path: Path) -> str | None:
+    """The recipe file an older hermetic's root ``name`` names, when whose root it is cannot be told: it records
+    no owner, its recipe file is another than ``recipe_path`` and is gone or unreadable (``owner_in_root`` found
+    none), and ``name`` could be another recipe's variant (it holds a dot). None otherwise."""
+    if "." not in name:
+        return None
+    try:
+        record = read_root(root.roots / f"{name}.json")
+    except (FileNotFoundError, BadRecord):
+        return None
+    if "owner" in record or os.path.realpath(record["recipe"]) == os.path.realpath(recipe_path):
+        return None
+    return str(record["recipe"])
+
+
+def describe_owner(owner: dict[str, str]) -> str:
+    return f"recipe {owner['recipe']}'s variant {owner['variant']}" if owner["variant"] else \
+        f"recipe {owner['recipe']}"
+
+
+def write_root(root: Root, name: str, recipe_path: Path, entries: list[str], owner: dict[str, str]) -> bool:
+    """The gc root of a recipe (or one variant of it: ``owner``), rewritten when its entries or its recipe's
+    path change; True when the entries changed (a recipe at a new path with the same entries is no change)."""
     record = {"format": 1, "name": name, "recipe": str(recipe_path),
-              "profile": name, "refs": [f"entry:{e}" for e in entries]}
+              "profile": name, "refs": [f"entry:{e}" for e in entries], "owner": owner}
     path = root.roots / f"{name}.json"
     data = fs.pretty_json(record)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
 import stat
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -20,18 +19,11 @@ from typing import Any
 from hermetic import fs
 from hermetic.errors import BadInput, BadRecord, WorkFailed
 from hermetic.store import STORE_FORMAT, Store, describe, entry_name, is_entry_name
-from hermetic.store.records import FileMap, SourceOrigin
+from hermetic.store.records import FileMap, SourceOrigin, check_relpath
 
 TREE_VERSION = 1
 
 
-_UNSAFE_PATH = re.compile(r"(^|/)\.{0,2}(/|$)|^/|[\x00-\x1f\x7f]")
-
-
-def check_relpath(rel: str) -> None:
-    """A relative path with no empty, '.' or '..' part and no control character."""
-    if not rel or _UNSAFE_PATH.search(rel):
-        raise ValueError(f"unsafe path {rel!r}")
 
 
 def check_link_target(rel: str, target: str) -> None:

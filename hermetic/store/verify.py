@@ -49,7 +49,7 @@ from hermetic.store import (
 )
 from hermetic.store.records import RECORD_LIMIT, entry_problem, read_checked
 from hermetic.store.roots import read_receipt, read_root, root_files
-from hermetic.store.trees import profile_entry
+from hermetic.store.trees import profile_entry, tree_problem
 
 Identity = tuple[int, int]   # (st_dev, st_ino): the same file, whatever happened to its links and mode
 
@@ -57,7 +57,7 @@ Identity = tuple[int, int]   # (st_dev, st_ino): the same file, whatever happene
 
 @dataclass(frozen=True)
 class Problem:
-    kind: str       # blob, entry, tree, stray, root, receipt, profile, cache, bytecode
+    kind: str       # blob, entry, tree, stray, root, receipt, profile, cache, bytecode, folder, lock, index
     name: str       # blob name, entry name, or the path of the file (a stray, a root, a cache record...)
     what: str
 
@@ -87,6 +87,7 @@ def verify(store: Store, root: Root) -> VerifyReport:
     bad = {p for p, _w in folders}
     if store.path not in bad and store.exists():
         _check_store(store, report)
+        report.problems += _check_locks_and_index(store, bad)
     report.problems += _check_roots(root)
     report.problems += _check_profiles(store, root)
     report.problems += _check_caches(root)
@@ -191,7 +192,16 @@ def _check_entry(store: Store, name: str, inodes: dict[tuple[str, bool], int] | 
         elif meta.get("kind") != "tree" and blob_inode(digest, executable) is None:
             problems.append(Problem("entry", name, f"{rel}: blob {digest[:16]}… is missing"))
     if meta.get("kind") == "tree":
-        problems += _check_tree(path / "out", name, files, meta.get("links", {}), blob_inode)
+        why = tree_problem(files, meta.get("links", {}))   # a file laid out through a link, a link leaving the tree
+        if why is not None:
+            return [Problem("entry", name, f"a bad record: {why}")]
+        out = path / "out"
+        st = lstat_or_none(out)
+        if st is not None and not stat.S_ISDIR(st.st_mode):   # never walked through: a link there leads outside
+            what = f"a symbolic link to {os.readlink(out)}" if stat.S_ISLNK(st.st_mode) else describe(st.st_mode)
+            return [*problems, Problem("tree", name, f"out is {what} where the tree's folder belongs (never "
+                                                     "followed)")]
+        problems += _check_tree(out, name, files, meta.get("links", {}), blob_inode)
     packed = meta.get("packed")
     for key in ("object", "so"):  # objects and modules: their one blob must be there and sound
         digest = packed.get("blob") if key == "object" and isinstance(packed, dict) else meta.get(key)
@@ -247,6 +257,55 @@ def _check_tree(out: Path, name: str, files: dict[str, tuple[str, bool]], links:
         if not os.path.islink(out / rel):
             problems.append(Problem("tree", name, f"{rel}: symlink missing"))
     return problems
+
+
+# the entry locks and the object index ----------------------------------------------------------------
+def _check_locks_and_index(store: Store, bad: set[Path]) -> list[Problem]:
+    """Each name under ``store/locks`` a regular file (an entry's lock: a FIFO, a link or a folder there makes
+    every build of that entry exit 2), each ``store/index/XY`` and ``store/index/XY/<lookup>`` a real folder
+    (a link there makes every publish under that key exit 2). Read with lstat only: never opened or followed."""
+    problems = []
+    if store.locks not in bad:
+        for name in list_names(store.locks):
+            what = _not_regular(store.locks / name)
+            if what is not None:
+                problems.append(Problem("lock", str(store.locks / name),
+                                        f"is {what} where an entry's lock file belongs (never opened)"))
+    index = store.path / "index"
+    if index not in bad:
+        for shard in list_names(index):
+            folders = [index / shard]
+            if _not_folder(index / shard) is None:
+                folders += [index / shard / key for key in list_names(index / shard)]
+            for folder in folders:
+                what = _not_folder(folder)
+                if what is not None:
+                    problems.append(Problem("index", str(folder), f"is {what} where a folder of the object index "
+                                                                  "belongs (never followed)"))
+    return problems
+
+
+def _not_regular(path: Path) -> str | None:
+    st = lstat_or_none(path)
+    if st is None or stat.S_ISREG(st.st_mode):
+        return None
+    return _what(path, st)
+
+
+def _not_folder(path: Path) -> str | None:
+    st = lstat_or_none(path)
+    if st is None or stat.S_ISDIR(st.st_mode):
+        return None
+    return _what(path, st)
+
+
+def _what(path: Path, st: os.stat_result) -> str:
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symbolic link to {os.readlink(path)}"
+        except OSError:
+            return "a symbolic link"
+    return describe(st.st_mode)
 
 
 # strays, profiles, derived state ---------------------------------------------------------------------
@@ -398,6 +457,11 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
             if _heal_folder(Path(spath)):
                 done.healed.append(spath)
         pinned, _oldest = live_temproots(store)
+        shards = {store.blob_file(name).parent for name in by_kind.get("blob", ())}
+        shards |= {Path(p).parent for p in by_kind.get("stray", ()) if Path(p).parent.parent == store.blobs}
+        for folder in sorted(shards):   # a blob folder of mode 555 (`chmod -R a-w ROOT`): its mode back first
+            if _writable(folder):
+                done.healed.append(str(folder))
         for name in sorted(by_kind.get("blob", ())):
             path = store.blob_file(name)
             _remove(done, path, report.seen_blobs.get(name), blob_ref(name) in pinned, f"blob {name}")
@@ -405,6 +469,11 @@ def repair(store: Store, root: Root, report: VerifyReport, *, timeout: float = 6
             path = Path(spath)
             ref = blob_ref(path.name) if is_blob_name(path.name) else entry_ref(path.name)
             _remove(done, path, report.seen_strays.get(spath), ref in pinned, os.path.relpath(path, store.path))
+        for spath in sorted(by_kind.get("lock", set()) | by_kind.get("index", set())):
+            path = Path(spath)   # removed (never followed) only while still no lock file, no index folder
+            if (_not_regular if path.parent == store.locks else _not_folder)(path) is not None:
+                fs.remove_tree(path)
+                done.removed.append(spath)
         for name in sorted(by_kind.get("entry", set()) | by_kind.get("tree", set())):
             path = store.entry_path(name)
             _remove(done, path, report.seen_entries.get(name), entry_ref(name) in pinned, f"entry {name}",
@@ -425,16 +494,31 @@ def _heal_folder(path: Path) -> bool:
     folder this user cannot read gets its mode back. False when it is a sound folder by now."""
     st = lstat_or_none(path)
     if st is not None and stat.S_ISDIR(st.st_mode):
-        if stat.S_IMODE(st.st_mode) & 0o700 == 0o700:
-            return False
-        os.chmod(path, stat.S_IMODE(st.st_mode) | 0o755)
-        return True
+        return _writable(path)
     if st is not None:
         aside = path.with_name(f".{path.name}.damaged.{os.getpid()}.{os.urandom(3).hex()}")
         os.replace(path, aside)
         os.unlink(aside)
     path.mkdir(parents=True, exist_ok=True)
     return True
+
+
+def _writable(folder: Path) -> bool:
+    """Give one of the store's own folders that this user may not list or write (mode 000, 555) its mode back
+    (``| 0o755``), through a descriptor of the folder itself: a link there is never followed (ELOOP, ENOTDIR:
+    left to the folder check). True when its mode was changed."""
+    try:
+        fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o700 == 0o700:
+            return False
+        os.chmod(f"/proc/self/fd/{fd}", mode | 0o755)   # fchmod refuses an O_PATH descriptor
+        return True
+    finally:
+        os.close(fd)
 
 
 def _remove(done: Repaired, path: Path, seen: Identity | None, pinned: bool, label: str,

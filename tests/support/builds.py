@@ -130,3 +130,15 @@ def local_command(root: Path, entry: str) -> list[str]:
                               rec.get("temps") == "objdir")
             return [command[0], *flags, *command[1:]]
     raise AssertionError(f"no build of {root} uses {entry}")
+
+
+def linked_root(shared_root: Path, root: Path) -> Path:
+    """A root of its own at ``root`` holding what ``shared_root`` holds (the toolchain among it): the store's files
+    hard-linked (nothing copied, and what is done to the new root's store never reaches the shared one), the
+    roots, profiles and derived state copied, and the marker."""
+    shutil.copytree(shared_root / "store", root / "store", symlinks=True, copy_function=os.link)
+    for folder in ("roots", "profiles", "state"):
+        if (shared_root / folder).exists():
+            shutil.copytree(shared_root / folder, root / folder, symlinks=True)
+    shutil.copy2(shared_root / "HERMETIC_ROOT", root / "HERMETIC_ROOT")   # a root's files make a root with it
+    return root

@@ -63,3 +63,17 @@ def bad_records(root: Path) -> dict[str, str]:
         except BadRecord as e:
             found[str(path.relative_to(root))] = e.what
     return found
+
+
+def plant_special(path: Path, kind: str) -> None:
+    """A FIFO (``kind`` "fifo" or "FIFO") or a bound unix socket ("socket") at ``path``: what a source folder
+    must never hold (the socket's file stays after it is closed)."""
+    if kind.lower() == "fifo":
+        os.mkfifo(path)
+        return
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(path))
+    finally:
+        s.close()
