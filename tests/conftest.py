@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +67,64 @@ def pytest_configure(config: pytest.Config) -> None:
     mine = SESSIONS / f"session-{os.getpid()}"
     config.option.basetemp = str(mine)
     config.stash[_OURS] = mine
+
+
+_PASSED = pytest.StashKey[dict[str, bool]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's outcome, for ``_passed_tests_leave_no_temp_folder``."""
+    report = yield
+    item.stash.setdefault(_PASSED, {})[report.when] = report.passed
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _passed_tests_leave_no_temp_folder(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that passed has its ``tmp_path`` removed as soon as it ends (after every other fixture of it, its
+    servers and children among them), not when the session ends: the suite's roots (a toolchain is 400 MB) would
+    otherwise pile up to about 15 GB on one disk, and a machine with less free than that fails every test after
+    the disk fills. A failed test's folder stays for its reader, as pytest keeps it."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    path: Path = request.getfixturevalue("tmp_path")
+    yield
+    if all(request.node.stash.get(_PASSED, {}).values()):
+        _remove(path)
+
+
+_MADE_BY: dict[int, list[Path]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object],
+                         request: pytest.FixtureRequest) -> Generator[None, object, object]:
+    """The temp folders a module's fixture makes (its roots: up to 3.8 GB for test_remote's) are noted, to be
+    removed when it is torn down at the module's end; a session's fixtures (the shared toolchain) stay. The
+    fixtures it depends on are set up before this hook runs, so their folders are not counted as its."""
+    if fixturedef.scope not in ("module", "class", "package"):
+        return (yield)
+    base = request.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    before = set(base.iterdir())
+    try:
+        return (yield)
+    finally:
+        _MADE_BY[id(fixturedef)] = [path for path in base.iterdir() if path not in before]
+
+
+def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest) -> None:
+    """A module's fixture torn down takes its temp folders with it, unless a test of the session has failed (its
+    reader may want them)."""
+    made = _MADE_BY.pop(id(fixturedef), [])
+    if request.session.testsfailed == 0:
+        for path in made:
+            if path.is_symlink():
+                path.unlink()
+            else:
+                _remove(path)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -161,6 +161,16 @@ def test_a_file_or_fifo_where_an_own_folder_belongs_is_healed_by_repair(
     assert (h.root / "profiles" / "own" / "own" / "__init__.py").read_text() == "VERSION = '1.0'\n"
 
 
+def _seen_by_nobody(prefix: Path, mnt: Path) -> list[str]:
+    """The site-packages hermetic's dependencies come from in this interpreter (a venv's, as the README's and CI's,
+    or the base's), as the base interpreter bound at ``mnt`` sees them: it runs without the venv (whose python
+    links into /root), and a fresh machine's base has none of them (its ``installer`` was missing there)."""
+    import installer
+    import zstandard
+    folders = dict.fromkeys(Path(module.__file__ or "").resolve().parent.parent for module in (installer, zstandard))
+    return [str(mnt / f.relative_to(prefix)) if f.is_relative_to(prefix) else str(f) for f in folders]
+
+
 def _as_nobody(tmp_path: Path, h: Hermetic) -> Callable[..., Result]:
     """hermetic run as uid 65534 with no capability left, so that a mode of 000 stops it as it stops a user (the
     suite runs as root, which modes do not stop). The interpreter lives under /root (mode 700): a private mount
@@ -178,7 +188,8 @@ def _as_nobody(tmp_path: Path, h: Hermetic) -> Callable[..., Result]:
         os.chmod(path, 0o755)
     subprocess.run(["chown", "-R", "65534:65534", str(h.root), str(tmp_path / "nobody")], check=True)
     # its libpython too: the loader would take the system's from /usr/lib when the rpath under /root is closed
-    env = {**h.env, **{k: str(v) for k, v in mine.items()}, "LD_LIBRARY_PATH": str(mnt / "lib")}
+    env = {**h.env, **{k: str(v) for k, v in mine.items()}, "LD_LIBRARY_PATH": str(mnt / "lib"),
+           "PYTHONPATH": os.pathsep.join(_seen_by_nobody(prefix, mnt))}
 
     def run(*args: str | Path) -> Result:
         inner = [str(mnt / exe.relative_to(prefix)), "-m", "hermetic", "--root", str(h.root), *map(str, args),
