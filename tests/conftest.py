@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -125,6 +126,38 @@ def pytest_fixture_post_finalizer(fixturedef: pytest.FixtureDef[object], request
                 path.unlink()
             else:
                 _remove(path)
+
+
+# The suite's own peak on the disk of .cache/ (the venv apart), as .ci/run measured it (README); the header says
+# it beside what is free, and the summary says when the disk came near full while the tests ran
+PEAK_GIB = 8
+_lowest_free = [1 << 62]
+
+
+def _free() -> int:
+    return shutil.disk_usage(CACHE).free
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hermetic's tests: {_free() / 2**30:.1f} GiB free on the disk of {CACHE}; they need about {PEAK_GIB} GiB"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _lowest_free[0] = min(_lowest_free[0], _free())
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The lowest free space seen after a test, said always (-q hides the header); in red, with what it may
+    mean, below 1 GiB."""
+    lowest = _lowest_free[0]
+    if lowest == 1 << 62:
+        return
+    full = lowest < 1 << 30
+    terminalreporter.write_line(
+        f"hermetic's tests: the disk of {CACHE} had {lowest / 2**30:.1f} GiB free at its fullest"
+        + (f"; errors from when it came near full may be a full disk, not the code (the tests need about "
+           f"{PEAK_GIB} GiB)" if full else ""), red=full)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
