@@ -399,6 +399,13 @@ def test_a_recipe_named_like_another_recipes_variant_is_refused_before_it_replac
     assert unknown.rc == 2 and "cannot be told" in unknown.err and "gc --drop-root ownerfix.feature" in unknown.err, \
         unknown.err[-3000:]
     assert os.readlink(profile) == before
+    third = tmp_path / "third"   # `hermetic env` of a recipe of that name elsewhere: not realized, for the same reason
+    shutil.copytree(other, third)
+    (third / "recipe.toml.away").unlink()
+    (third / "recipe.toml").write_text(moved.read_text())
+    shown = cli.run(root, "env", third / "recipe.toml", env=env)
+    assert shown.rc == 3 and "cannot be told" in shown.err and "gc --drop-root ownerfix.feature" in shown.err, \
+        shown.err[-2000:]
     moved.rename(other / "recipe.toml")
     noop = cli.run(root, "realize", other / "recipe.toml", env=env)   # its own recipe's no-op: the owner written
     assert noop.rc == 0 and "up to date" in noop.err, noop.err[-3000:]
