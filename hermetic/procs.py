@@ -556,7 +556,7 @@ def _refusal_error(r: Refusal, confinement: Confinement, rc: int) -> SandboxRefu
             f"{r.program} failed (exit {rc}) after it said a write to {r.path} was refused: {record} holds records "
             f"which only hermetic itself writes, read-only to every child. {said}", where=r.path,
             hint="hermetic's children may write in their own build folder, tmp/ and their home, never the store, "
-                 "profiles, gc roots, receipts or state (docs/layout.md#what-a-child-may-write); a package that "
+                 "profiles, gc roots, receipts, state or runs/ (docs/layout.md#what-a-child-may-write); a package that "
                  "does is not one to build here")
     return SandboxRefused(
         f"{r.program} failed (exit {rc}) after it said a write to {r.path} was refused: that is outside the "

@@ -86,10 +86,12 @@ GPU_DEVICES = (
 # The root's records, which only hermetic itself writes (outside the sandbox): read-only inside it, bound over
 # the writable root, so that a child (a stranger's setup.py, the import check importing the package, a
 # compiler) cannot rewrite the store consistently (a blob, an entry's out/, its meta.json), a profile, a gc
-# root or a receipt. What children write stays writable: tmp/, runs/, their domain's home and a realize's own
-# build folder (below), and under state/ the one folder a child fills (``kernel_cache``: a runner's compiled
-# kernels, for its own measuring process only).
-READ_ONLY = ("HERMETIC_ROOT", "store", "profiles", "roots", "receipts", "imports", "state", "home", "build")
+# root or a receipt. What children write stays writable: tmp/, their domain's home and a realize's own build
+# folder (below), under state/ the one folder a child fills (``kernel_cache``: a runner's compiled kernels, for
+# its own measuring process only), and under runs/ the folder of the run being measured, for its measuring
+# process alone (``Sandbox.let_write``): a compile, a stranger's setup.py or a later run rewrote an earlier
+# run's report.md and results.json before (the receipt in receipts/ was safe; the report a user reads was not).
+READ_ONLY = ("HERMETIC_ROOT", "store", "profiles", "roots", "receipts", "imports", "state", "home", "build", "runs")
 # home/ and build/ are read-only inside too (the re-attacks on issues 39 and 41): home/ is the home of `hermetic
 # env`, which runs the user's commands unconfined (a child that planted a stdlib .pyc in its bytecode cache, or
 # a .gitconfig, ran code outside the sandbox), and build/ holds every recipe's build folder (a compile of one
@@ -159,6 +161,19 @@ class Sandbox:
     def confined(self) -> contextlib.AbstractContextManager[Confinement | None]:
         """Every child started inside the block runs in this sandbox (or in none, where it is not used)."""
         return confined(self.confinement)
+
+    def let_write(self, folder: Path) -> None:
+        """``folder``, below one of the root's read-only records (a run's own folder under runs/), writable to
+        the children started from now on (bound writable over the read-only binds), and said so in the
+        receipt's ``writable``."""
+        if self.confinement is None:
+            return
+        where = os.path.realpath(folder)
+        c = self.confinement
+        assert c.prefix[-1] == "--"
+        c.prefix = (*c.prefix[:-1], "--bind", where, where, "--")
+        c.writable = (*c.writable, where)
+        self.writable = (*self.writable, where)
 
     def record(self) -> dict[str, Any]:
         """What the receipt says: whether the sandbox was used, and why not."""

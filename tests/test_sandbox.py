@@ -250,7 +250,8 @@ def test_a_child_writing_into_the_roots_records_fails_naming_them(tmp_path: Path
     env = root.child_env({"PATH": "/usr/bin:/bin"})
     write = "import sys\nfor p in sys.argv[1:]:\n    open(p, 'a').write('x')\n"
     for target in (root.store / "planted", root.profiles / "planted", root.roots / "planted.json",
-                   root.receipts / "planted.json", root.state / "planted", root.path / "HERMETIC_ROOT"):
+                   root.receipts / "planted.json", root.state / "planted", root.path / "HERMETIC_ROOT",
+                   root.path / "runs" / "planted"):
         before = target.read_bytes() if target.exists() else None
         with sb.confined(), pytest.raises(SandboxRefused) as e:
             run_limited([sys.executable, "-c", write, str(target)], cwd=str(root.tmp), env=env, limits=Limits(),
@@ -272,3 +273,20 @@ def test_a_child_writing_into_the_roots_records_fails_naming_them(tmp_path: Path
         run_limited([sys.executable, "-c", write, str(theirs)], cwd=str(root.tmp), env=env, limits=Limits(),
                     on_line=lambda _line: None)
     assert e.value.where == str(theirs) and not theirs.exists(), e.value.render()
+    # runs/: the folder of the run being measured is its measuring process's to write, an earlier run's is not
+    # (a compile or a later run rewrote an earlier run's report.md and results.json before)
+    earlier, now = root.path / "runs" / "draft-1", root.path / "runs" / "draft-2"
+    for folder in (earlier, now):
+        folder.mkdir()
+        (folder / "results.json").write_text("{}")
+    run.let_write(now)
+    assert str(now) in run.record()["writable"] and str(root.path / "runs") in run.record()["read_only"]
+    with run.confined():
+        rc, _tail = run_limited([sys.executable, "-c", write, str(now / "results.json")], cwd=str(now), env=env,
+                                limits=Limits(), on_line=lambda _line: None)
+    assert rc == 0 and (now / "results.json").read_text() == "{}x"
+    with run.confined(), pytest.raises(SandboxRefused) as e:
+        run_limited([sys.executable, "-c", write, str(earlier / "results.json")], cwd=str(now), env=env,
+                    limits=Limits(), on_line=lambda _line: None)
+    assert e.value.where == str(earlier / "results.json") and "which only hermetic itself writes" in e.value.what
+    assert (earlier / "results.json").read_text() == "{}"

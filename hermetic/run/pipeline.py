@@ -306,6 +306,7 @@ def measure(root: Root, setup: RunSetup, realized: list[Realized], locked: Locke
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     run_dir = root.path / "runs" / f"{runner.name}-{stamp}-{os.getpid()}"
     run_dir.mkdir(parents=True)
+    setup.sandbox.let_write(run_dir)   # its own folder alone: runs/ is read-only to every child
     reporter.event("run-start", f"measuring {runner.name} on the {setup.kind} "
                                 f"({plural(len(runner.cells), 'cells')} x "
                                 f"{plural(len(setup.spec.kernels), 'kernel sets')}, "
