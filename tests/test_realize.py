@@ -406,6 +406,19 @@ def test_a_recipe_named_like_another_recipes_variant_is_refused_before_it_replac
     shown = cli.run(root, "env", third / "recipe.toml", env=env)
     assert shown.rc == 3 and "cannot be told" in shown.err and "gc --drop-root ownerfix.feature" in shown.err, \
         shown.err[-2000:]
+    # the outside attack on that (stop 48, row 9): an owner-less root of recipe ownerfix's variant feature whose
+    # recipe file now holds, or links to, recipe ownerfix.feature: env ran in the variant's environment (exit 0)
+    record_path.write_text(json.dumps({**record, "recipe": str(proj.recipe)}))
+    shown = cli.run(root, "env", third / "recipe.toml", env=env)
+    assert shown.rc == 3 and "its profile is recipe ownerfix's variant feature's" in shown.err, shown.err[-2000:]
+    kept = proj.recipe.with_suffix(".kept")
+    proj.recipe.rename(kept)
+    proj.recipe.symlink_to(third / "recipe.toml")
+    shown = cli.run(root, "env", third / "recipe.toml", env=env)
+    assert shown.rc == 3 and "records no owner" in shown.err and "cannot be told" in shown.err, shown.err[-2000:]
+    proj.recipe.unlink()
+    kept.rename(proj.recipe)
+    record_path.write_text(json.dumps(record))
     moved.rename(other / "recipe.toml")
     noop = cli.run(root, "realize", other / "recipe.toml", env=env)   # its own recipe's no-op: the owner written
     assert noop.rc == 0 and "up to date" in noop.err, noop.err[-3000:]

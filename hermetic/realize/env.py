@@ -57,19 +57,21 @@ def realized_env(root: Root, recipe_path: Path, *, pinned: bool = False) -> tupl
     root.refuse_unmarked("env")   # home/ and tmp/ are made below it: never in a folder of someone's files
     refuse_folders(root.folder_problems())   # home/ and tmp/ are made for the command: never through a link
     profile = root.profiles / recipe.name
-    from hermetic.store.roots import describe_owner, owner_in_root, owner_unknown, root_owner
+    from hermetic.store.roots import describe_owner, owner_in_root, owner_unrecorded, root_owner
     owner = owner_in_root(root, recipe.name)
     if owner is not None and owner != root_owner(recipe.name, None):   # recipe vx's variant b, not recipe vx.b
         raise PreconditionFailed(f"{recipe.name} is not realized in {root.path}: its profile is "
                                  f"{describe_owner(owner)}'s", where=str(recipe_path),
                                  hint=f"rename this recipe, or forget the other with `hermetic gc --drop-root "
                                       f"{recipe.name}` and run `hermetic realize {recipe_path}`")
-    if owner is None and (then := owner_unknown(root, recipe.name, recipe_path)) is not None:
-        raise PreconditionFailed(f"{recipe.name} is not realized in {root.path}: its profile was made by an older "
-                                 f"hermetic for the recipe {then}, which is gone or unreadable, and whether it is "
-                                 f"this recipe's cannot be told", where=str(recipe_path),
-                                 hint=f"forget that root with `hermetic gc --drop-root {recipe.name}`, then run "
-                                      f"`hermetic realize {recipe_path}`")
+    if (then := owner_unrecorded(root, recipe.name)) is not None:
+        raise PreconditionFailed(f"{recipe.name} is not realized in {root.path}: its root was written by an older "
+                                 f"hermetic for the recipe file {then} and records no owner, and the name could be "
+                                 f"another recipe's variant: whether its profile is this recipe's cannot be told",
+                                 where=str(recipe_path),
+                                 hint=f"run `hermetic realize {recipe_path}` once (it records the owner, or says "
+                                      f"whose the root is), or forget the root with `hermetic gc --drop-root "
+                                      f"{recipe.name}`")
     python = find_python(recipe.python, recipe.doc.where("recipe", "python") if recipe.python else "recipe.python")
     store = Store(root.store)
     tree = pinned_tree(root, store, profile, recipe_path)

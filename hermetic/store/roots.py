@@ -167,19 +167,26 @@ def owner_in_root(root: Root, name: str) -> dict[str, str] | None:
     return root_owner(recipe, name[len(recipe) + 1:] or None)
 
 
-def owner_unknown(root: Root, name: str, recipe_path: Path) -> str | None:
-    """The recipe file an older hermetic's root ``name`` names, when whose root it is cannot be told: it records
-    no owner, its recipe file is another than ``recipe_path`` and is gone or unreadable (``owner_in_root`` found
-    none), and ``name`` could be another recipe's variant (it holds a dot). None otherwise."""
+def owner_unrecorded(root: Root, name: str) -> str | None:
+    """The recipe file an older hermetic's root ``name`` names, when that root records no owner and ``name``
+    could be another recipe's variant (it holds a dot); None otherwise. ``hermetic env`` refuses such a root
+    whatever its recipe file now says (a file replaced by another recipe's, or relinked to one, would name
+    that one: the outside attack on stop 48's env check); the realize, which rebuilds, reads the file."""
     if "." not in name:
         return None
     try:
         record = read_root(root.roots / f"{name}.json")
     except (FileNotFoundError, BadRecord):
         return None
-    if "owner" in record or os.path.realpath(record["recipe"]) == os.path.realpath(recipe_path):
-        return None
-    return str(record["recipe"])
+    return None if "owner" in record else str(record["recipe"])
+
+
+def owner_unknown(root: Root, name: str, recipe_path: Path) -> str | None:
+    """The recipe file an older hermetic's root ``name`` names, when whose root it is cannot be told: it records
+    no owner, its recipe file is another than ``recipe_path`` and is gone or unreadable (``owner_in_root`` found
+    none), and ``name`` could be another recipe's variant (it holds a dot). None otherwise."""
+    then = owner_unrecorded(root, name)
+    return None if then is None or os.path.realpath(then) == os.path.realpath(recipe_path) else then
 
 
 def describe_owner(owner: dict[str, str]) -> str:
