@@ -114,3 +114,32 @@ def test_gc_drop_root_while_the_import_check_imports_fails_nothing(lab: Neighbou
     assert realize.returncode == 0, err[-3000:]
     assert (lab.root / "roots" / "nb-checked.json").exists() and (lab.root / "profiles" / "nb-checked").exists()
     assert lab.h("verify").rc == 0
+
+
+def test_gc_drop_root_while_the_recipe_compiles_waits_for_its_build(lab: NeighbourLab) -> None:
+    """The race a loaded CI run hit (stop 48, `[build-cold-drop-root]`): `gc --drop-root R` while R's realize
+    compiled dropped R's toolchain profile too, through which every compile and the link name CUDA, and the
+    realize failed ("cannot find -lcudart"). The drop now waits for R's build (its lock), saying so; both exit 0,
+    the store stays sound and no profile dangles."""
+    project = lab.work / "nb-compiling"
+    shutil.copytree(lab.work / BUILD, project)
+    recipe = project / "recipe.toml"
+    recipe.write_text(recipe.read_text().replace(f'name = "{BUILD}"', 'name = "nb-compiling"'))
+    clock = project / "src" / "clock.cpp"   # one unit of its own: something to compile, not all reused
+    clock.write_text(clock.read_text() + "\n// nb-compiling\n")
+    realize = lab.popen("realize", recipe, "--json")
+    assert realize.stdout is not None
+    seen = False
+    for line in realize.stdout:   # the build holds its lock from before this line to the link
+        if line.startswith("{") and json.loads(line).get("phase") == "compiling":
+            seen = True
+            break
+    gc = lab.h("gc", "--drop-root", "nb-compiling", "--json")
+    out, err = realize.communicate(timeout=600)
+    assert seen, err[-3000:]
+    assert realize.returncode == 0, err[-3000:]
+    assert gc.rc == 0, gc.err[-3000:]
+    assert "waiting for the build of nb-compiling to end" in gc.out + gc.err, (gc.out[-2000:], gc.err[-2000:])
+    assert lab.h("verify").rc == 0
+    profiles = lab.root / "profiles"
+    assert not [p.name for p in profiles.iterdir() if p.is_symlink() and not p.exists()]

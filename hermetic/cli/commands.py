@@ -115,7 +115,10 @@ def cmd_gc(root: Root, args: argparse.Namespace, reporter: Reporter) -> int:
         reporter.event("gc", f"removed {root.path} ({freed} bytes freed)")
         reporter.result("gc", True, 0, all=True, freed_bytes=freed)
         return 0
-    p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root))
+    p, freed = gc.collect(root, dry_run=args.dry_run, dropped=set(args.drop_root),
+                          on_wait=lambda what: reporter.event("gc", f"waiting for {what} to end (a realize of it "
+                                                                    f"is compiling; its toolchain's profile is "
+                                                                    f"dropped after it)"))
     if not args.dry_run:
         from hermetic.root import sweep_outside_scratch
         for left in sweep_outside_scratch():   # a dry run killed with kill -9 left its folder outside the root

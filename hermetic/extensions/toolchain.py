@@ -100,6 +100,14 @@ def toolchain_label(recipe: Recipe) -> str:
     return f"{recipe.name}.toolchain"
 
 
+def point_toolchain_profile(root: Root, store: Store, recipe: Recipe, tree: str) -> Path:
+    """``profiles/<recipe>.toolchain`` pointed at the toolchain's tree (unchanged when it already is): at step 4,
+    again once the build holds its lock (every compile and the link name CUDA through this profile, and a `gc
+    --drop-root` of the recipe before that lock removed it; one after it waits for the lock: store.gc), and in
+    the realize's finish with the recipe's own profile."""
+    return set_profile(root.profiles, toolchain_label(recipe), store, tree)
+
+
 def plan_toolchain(store: Store, recipe: Recipe, files: FileMap | None) -> ToolchainStep:
     """The toolchain's tree, named by the unpacked wheels' files (``files``; None when not all are known)."""
     assert recipe.toolchain is not None
@@ -118,7 +126,7 @@ def prepare_toolchain(root: Root, store: Store, recipe: Recipe, unpacked: list[U
     files = merge_files((u.entry, u.files) for u in unpacked)
     tree, built = build_tree(store, label, files, toolchain_links(recipe.toolchain, files),
                              refs=[entry_ref(u.entry) for u in unpacked])
-    profile = set_profile(root.profiles, label, store, tree)
+    profile = point_toolchain_profile(root, store, recipe, tree)
     info = inspect_toolchain(root, profile, recipe.toolchain, tree)
     check_compatible(info, recipe.toolchain, host.require_torch(host.executable).cuda, host.executable)
     compilers = {"c++": host_compiler(root, "c++"), "gcc": host_compiler(root, "gcc")}

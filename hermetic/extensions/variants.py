@@ -29,6 +29,7 @@ from hermetic.extensions.job import BuiltModule, ModuleJob
 from hermetic.extensions.objects import Decision, ObjectChoice
 from hermetic.extensions.plan import glob_re, select_sources
 from hermetic.extensions.sources import SourceTree, link_variant_source, plan_sources, realize_source
+from hermetic.extensions.toolchain import point_toolchain_profile
 from hermetic.recipe import Package, Recipe, Variant
 from hermetic.reporter import Reporter, plural
 from hermetic.store import blob_ref, entry_ref
@@ -176,6 +177,7 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
     jobs: list[ModuleJob] = []
     fs.refuse_linked_folders(root.path / "build", root.path / "build" / recipe.name)
     with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
+        point_toolchain_profile(root, store, recipe, tc.id["cuda"])   # a `gc --drop-root` before this lock
         for variant in variants:
             trees = {}
             for src_name, tree in sources[variant.name].items():

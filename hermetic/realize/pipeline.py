@@ -458,8 +458,12 @@ def finish(root: Root, job: Validated, qualified: Qualified, fetched: Fetched, b
         check_owner(root, job.recipe, job.variant, job.name)
         owner = root_owner(job.recipe.name, job.variant)
         outcome.changed |= write_root(root, job.name, job.recipe.path, entries, owner)
-        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both
+        # the root and the profile together: a `gc --drop-root` that ran since step 7 removed both (and the
+        # toolchain's profile of a recipe that builds, since step 4)
         set_profile(root.profiles, job.name, job.store, env.tree)
+        if built.ctx is not None:
+            from hermetic.extensions.toolchain import point_toolchain_profile
+            point_toolchain_profile(root, job.store, job.recipe, built.ctx.toolchain.id["cuda"])
     report["sandbox"] = job.sandbox.record()
     # the number the build ran with (the recipe's limits, as validate set them), and which place gave it
     report["jobs"] = {"value": job.recipe.limits.jobs, "level": job.jobs.level, "from": job.jobs.origin}

@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import os
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,7 +163,10 @@ def _bucket_folder(name: str) -> bool:
     return bool(sep) and bucket in CACHES and version.isascii() and version.isdigit()
 
 
-def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600) -> tuple[GcPlan, int]:
+def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 600,
+            on_wait: Callable[[str], None] | None = None) -> tuple[GcPlan, int]:
+    """gc: what no root, profile or live process holds, deleted (``dry_run``: only listed); with ``dropped``, those
+    roots forgotten first (``gc --drop-root``). ``on_wait(what)`` is said once when it waits for a build."""
     store = Store(root.store)
     if not store.exists():
         return GcPlan(), 0
@@ -172,6 +176,49 @@ def collect(root: Root, *, dry_run: bool, dropped: set[str], timeout: float = 60
     # to a folder of the user's would have it emptied): refused, exit 2, as for a root that cannot be read
     refuse_folders(layout_problems(root, store, readable=True))
     store.open()
+    with contextlib.ExitStack() as builds:
+        if dropped and not dry_run:
+            for lock in _running_builds(root, dropped, timeout):
+                builds.enter_context(_waited(lock, on_wait))
+        return _collect_locked(root, store, dry_run, dropped, timeout)
+
+
+def _running_builds(root: Root, names: set[str], timeout: float) -> list[fs.FileLock]:
+    """The build locks (``build/<name>/.lock``, the one a realize of that recipe holds while it compiles and
+    links) of the recipes ``gc --drop-root`` forgets, in one order: the build names CUDA through the toolchain's
+    profile, which the drop removes, so the drop waits for a running build, taking these before the gc lock as
+    the realize does. Only a lock file that is there, a plain file in plain folders, is taken: none is made."""
+    locks = []
+    for name in sorted(names):
+        folder = root.path / "build" / name
+        try:
+            plain = all(stat.S_ISDIR(os.lstat(f).st_mode) for f in (folder.parent, folder)) and \
+                stat.S_ISREG(os.lstat(folder / ".lock").st_mode)
+        except OSError:
+            plain = False
+        if plain:
+            locks.append(fs.FileLock(folder / ".lock", timeout=timeout, what=f"the build of {name}"))
+    return locks
+
+
+@contextlib.contextmanager
+def _waited(lock: fs.FileLock, on_wait: Callable[[str], None] | None) -> Iterator[None]:
+    told: list[bool] = []
+
+    def waiting(_seconds: float) -> None:
+        if on_wait is not None and not told:
+            told.append(True)
+            on_wait(lock.what)
+
+    lock.acquire(on_wait=waiting)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _collect_locked(root: Root, store: Store, dry_run: bool, dropped: set[str],
+                    timeout: float) -> tuple[GcPlan, int]:
     with store.gc_lock(exclusive=True, timeout=timeout):
         dropped = recipe_names(root, dropped) if dropped else dropped   # its toolchain and variants too
         p = plan(root, store, dropped)
