@@ -176,6 +176,11 @@ class Root:
     def cache_dir(self, name: str) -> Path:
         return self.state / CACHES[name].folder
 
+    def build_lock(self, recipe: str) -> Path:
+        """The lock a realize of ``recipe`` holds from before its first compile to its last link, and `gc
+        --drop-root` of it waits for (docs/layout.md, the lock discipline)."""
+        return self.path / "build" / recipe / ".lock"
+
     def cache(self, name: str) -> fs.FingerprintCache:
         return fs.FingerprintCache(self.cache_dir(name), read_only=self.read_only)
 

@@ -176,7 +176,7 @@ def build_variants(ctx: BuildContext, variants: list[Variant], sources: dict[str
     sources_report: dict[str, Any] = {}
     jobs: list[ModuleJob] = []
     fs.refuse_linked_folders(root.path / "build", root.path / "build" / recipe.name)
-    with fs.FileLock(root.path / "build" / recipe.name / ".lock", what=f"the build of {recipe.name}"):
+    with fs.FileLock(root.build_lock(recipe.name), what=f"the build of {recipe.name}"):
         point_toolchain_profile(root, store, recipe, tc.id["cuda"])   # a `gc --drop-root` before this lock
         for variant in variants:
             trees = {}

@@ -190,14 +190,14 @@ def _running_builds(root: Root, names: set[str], timeout: float) -> list[fs.File
     the realize does. Only a lock file that is there, a plain file in plain folders, is taken: none is made."""
     locks = []
     for name in sorted(names):
-        folder = root.path / "build" / name
+        lock = root.build_lock(name)
         try:
-            plain = all(stat.S_ISDIR(os.lstat(f).st_mode) for f in (folder.parent, folder)) and \
-                stat.S_ISREG(os.lstat(folder / ".lock").st_mode)
+            plain = all(stat.S_ISDIR(os.lstat(f).st_mode) for f in (lock.parent.parent, lock.parent)) and \
+                stat.S_ISREG(os.lstat(lock).st_mode)
         except OSError:
             plain = False
         if plain:
-            locks.append(fs.FileLock(folder / ".lock", timeout=timeout, what=f"the build of {name}"))
+            locks.append(fs.FileLock(lock, timeout=timeout, what=f"the build of {name}"))
     return locks
 
 
